@@ -1,0 +1,5 @@
+"""Concrete block backends."""
+
+from kvoffload.backends.cpu import CPUBackend, CPUBlockStatus
+
+__all__ = ["CPUBackend", "CPUBlockStatus"]

@@ -1,0 +1,25 @@
+"""The exception tree. Every error the library raises on misuse derives from
+:class:`KVOffloadError`; "no room" is a normal result (``None``), never an error."""
+
+from __future__ import annotations
+
+
+class KVOffloadError(Exception):
+    """Base class of every kvoffload error."""
+
+
+class ConfigError(KVOffloadError, ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+class BlockStateError(KVOffloadError, RuntimeError):
+    """A protocol call names a block that is absent or in the wrong state
+    (e.g. loading a block whose store is still in flight)."""
+
+
+class PolicyError(ConfigError):
+    """An unknown eviction policy was requested."""
+
+
+class TransferError(KVOffloadError, RuntimeError):
+    """A transfer job could not be submitted or routed."""
