@@ -40,7 +40,7 @@ class EventRecord:
     block_hashes: tuple[BlockHash, ...] = ()
     block_size: int = 0
     medium: str = ""
-    detail: Mapping[str, str] = field(default=_EMPTY)
+    detail: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def to_offloading_event(self) -> OffloadingEvent | None:
         """The vLLM-shaped event for store/remove records, else ``None``."""

@@ -1,0 +1,399 @@
+"""The offloading manager: the protocol written once over a pluggable policy.
+
+:class:`PolicyOffloadingManager` owns every invariant of the protocol (block
+life cycle and reference counts, protection of the hashes a call names,
+all-or-nothing eviction, events, counters); an
+:class:`~kvoffload.policies.EvictionPolicy` only orders blocks and picks
+victims. :class:`LRUOffloadingManager` and :class:`ARCOffloadingManager` are
+the vLLM 0.11.2 names for it with a fixed starting policy.
+
+Threading: one thread owns a manager and calls its protocol methods. Other
+threads may call :meth:`PolicyOffloadingManager.stats` snapshots published
+by that thread, and read or drain :attr:`PolicyOffloadingManager.event_log`;
+nothing on the hot path takes a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from types import MappingProxyType
+
+from kvoffload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+from kvoffload.backend import Backend, BlockStatus
+from kvoffload.errors import BlockStateError, ConfigError
+from kvoffload.event_log import EventLog
+from kvoffload.policies import EvictionPolicy, create_policy
+from kvoffload.policies.arc import ARCPolicy
+from kvoffload.stats import ManagerCounters, ManagerStats
+
+logger = logging.getLogger(__name__)
+
+
+def _as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+    return block_hashes if type(block_hashes) is list else list(block_hashes)
+
+
+class PolicyOffloadingManager(OffloadingManager):
+    """An :class:`OffloadingManager` over ``backend`` whose eviction policy can
+    be changed live with :meth:`switch_policy`.
+
+    Args:
+        backend: where blocks live; its free blocks at construction are the
+            capacity.
+        policy: a registered policy name (see
+            :func:`kvoffload.policies.available_policies`).
+        enable_events: record store/remove events (vLLM's switch). When off,
+            :meth:`take_events` returns nothing and :attr:`event_log` is ``None``.
+        event_log_capacity: size of the event ring; older events are dropped
+            (and counted) when nobody drains them.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        policy: str = "lru",
+        enable_events: bool = False,
+        event_log_capacity: int = 10_000,
+    ) -> None:
+        self.backend = backend
+        self.capacity: int = backend.get_num_free_blocks()
+        if self.capacity <= 0:
+            raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
+        self._policy: EvictionPolicy = create_policy(policy, self.capacity)
+        self.event_log: EventLog | None = EventLog(event_log_capacity) if enable_events else None
+        self._block_size = backend.block_size
+        self._medium = backend.medium
+        # Counters: plain ints, written by the owning thread only.
+        self._lookups = 0
+        self._lookup_blocks = 0
+        self._hit_blocks = 0
+        self._load_blocks = 0
+        self._load_completed_blocks = 0
+        self._touches = 0
+        self._store_prepared = 0
+        self._stored = 0
+        self._skipped_present = 0
+        self._failed = 0
+        self._rejected_blocks = 0
+        self._rejected_stores = 0
+        self._evictions: dict[str, int] = {}
+        self._retired_ghost_hits: dict[str, int] = {}
+        self._policy_switches = 0
+        self._pinned = 0
+        self._in_flight = 0
+
+    # -- introspection ----------------------------------------------------
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The current eviction policy object (read-only use)."""
+        return self._policy
+
+    @property
+    def policy_name(self) -> str:
+        return self._policy.name
+
+    def __len__(self) -> int:
+        """Number of resident blocks (including stores in flight)."""
+        return len(self._policy)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._policy
+
+    def get_block(self, block_hash: BlockHash) -> BlockStatus | None:
+        """The block with this hash, or ``None`` (read-only use)."""
+        return self._policy.get(block_hash)
+
+    # -- the protocol -----------------------------------------------------
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        hashes = _as_list(block_hashes)
+        get = self._policy.get
+        hit = 0
+        for h in hashes:
+            b = get(h)
+            if b is None or b.ref_cnt < 0:
+                break
+            hit += 1
+        self._lookups += 1
+        self._lookup_blocks += len(hashes)
+        self._hit_blocks += hit
+        return hit
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        """Pin every block for reading (ref_cnt += 1).
+
+        Raises :class:`BlockStateError`, pinning nothing, if a block is not
+        offloaded or its store is still in flight (check with :meth:`lookup`).
+        """
+        hashes = _as_list(block_hashes)
+        get = self._policy.get
+        blocks: list[BlockStatus] = []
+        for h in hashes:
+            b = get(h)
+            if b is None:
+                raise BlockStateError(
+                    f"cannot load block {h!r}: it is not offloaded (lookup() says how many are)"
+                )
+            if b.ref_cnt < 0:
+                raise BlockStateError(
+                    f"cannot load block {h!r}: its store is still in flight (not ready)"
+                )
+            blocks.append(b)
+        newly_pinned = 0
+        for b in blocks:
+            if b.ref_cnt == 0:
+                newly_pinned += 1
+            b.ref_cnt += 1
+        self._pinned += newly_pinned
+        self._load_blocks += len(blocks)
+        return self.backend.get_load_store_spec(hashes, blocks)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        hashes = _as_list(block_hashes)
+        self._touches += len(hashes)
+        self._policy.touch(hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Unpin blocks pinned by :meth:`prepare_load`. Raises
+        :class:`BlockStateError`, changing nothing, for a block that is not
+        being loaded."""
+        hashes = _as_list(block_hashes)
+        get = self._policy.get
+        done: list[BlockStatus] = []
+        for h in hashes:
+            b = get(h)
+            if b is None or b.ref_cnt <= 0:
+                for d in done:  # undo: all or nothing
+                    d.ref_cnt += 1
+                state = "not offloaded" if b is None else "not being loaded"
+                raise BlockStateError(f"cannot complete load of block {h!r}: it is {state}")
+            b.ref_cnt -= 1
+            done.append(b)
+        self._pinned -= sum(1 for b in done if b.ref_cnt == 0)
+        self._load_completed_blocks += len(done)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        """Allocate blocks for the hashes not yet present (each once, in
+        order), evicting unpinned ready blocks not named in this call if
+        needed. Returns ``None``, with nothing changed, if there is no room."""
+        # Ordered dedupe; doubles as the protected set (defects 5 and 6).
+        named = dict.fromkeys(block_hashes)
+        policy = self._policy
+        get = policy.get
+        to_store = [h for h in named if get(h) is None]
+        backend = self.backend
+        n_evict = len(to_store) - backend.get_num_free_blocks()
+        evicted: list[BlockHash] = []
+        if n_evict > 0:
+            victims = policy.evict(n_evict, named)
+            if victims is None:
+                self._rejected_stores += 1
+                self._rejected_blocks += len(to_store)
+                return None
+            free = backend.free
+            counts = self._evictions
+            for h, b, src in victims:
+                free(b)
+                evicted.append(h)
+                counts[src] = counts.get(src, 0) + 1
+            if self.event_log is not None:
+                self.event_log.append("removed", evicted, self._block_size, self._medium)
+        blocks = backend.allocate_blocks(to_store)
+        policy.insert(to_store, blocks)
+        self._in_flight += len(to_store)
+        self._store_prepared += len(to_store)
+        self._skipped_present += len(named) - len(to_store)
+        return PrepareStoreOutput(
+            block_hashes_to_store=to_store,
+            store_spec=backend.get_load_store_spec(to_store, blocks),
+            block_hashes_evicted=evicted,
+        )
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        """Make in-flight blocks readable, or with ``success=False`` free and
+        forget them. Blocks that were already ready are left as they are in
+        both cases. Raises :class:`BlockStateError`, changing nothing, for a
+        hash that was never prepared (or already failed)."""
+        hashes = _as_list(block_hashes)
+        policy = self._policy
+        get = policy.get
+        blocks = [get(h) for h in hashes]
+        if None in blocks:
+            missing = hashes[blocks.index(None)]
+            raise BlockStateError(
+                f"cannot complete store of block {missing!r}: it was not prepared "
+                "(or its store already failed)"
+            )
+        if success:
+            stored: list[BlockHash] = []
+            for h, b in zip(hashes, blocks):
+                if b.ref_cnt < 0:  # type: ignore[union-attr]
+                    b.ref_cnt = 0  # type: ignore[union-attr]
+                    stored.append(h)
+            self._in_flight -= len(stored)
+            self._stored += len(stored)
+            if stored and self.event_log is not None:
+                self.event_log.append("stored", stored, self._block_size, self._medium)
+        else:
+            free = self.backend.free
+            failed = 0
+            for h, b in zip(hashes, blocks):
+                if b.ref_cnt < 0 and policy.remove(h) is not None:  # type: ignore[union-attr]
+                    free(b)  # type: ignore[arg-type]
+                    failed += 1
+            self._in_flight -= failed
+            self._failed += failed
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """Drain the log and return its store/remove events (vLLM behaviour).
+        Other records (policy switches, clears) are drained too."""
+        if self.event_log is None:
+            return []
+        events = []
+        for record in self.event_log.drain():
+            ev = record.to_offloading_event()
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    # -- beyond vLLM ------------------------------------------------------
+
+    def switch_policy(self, policy: str) -> str:
+        """Change the eviction policy in place; returns the previous name.
+
+        Every resident block stays, with its block id and reference count;
+        in-flight stores and loads are untouched; counters continue. The old
+        policy's order (first-evicted first) seeds the new one; ghost history
+        does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
+        for an unknown name, changing nothing.
+        """
+        new = create_policy(policy, self.capacity)
+        old = self._policy
+        new.seed(old.ordered_items())
+        assert len(new) == len(old), "policy migration lost blocks"
+        for k, v in old.ghost_hits.items():
+            self._retired_ghost_hits[k] = self._retired_ghost_hits.get(k, 0) + v
+        self._policy = new
+        self._policy_switches += 1
+        if self.event_log is not None:
+            self.event_log.append(
+                "policy_switched", detail={"from": old.name, "to": new.name}
+            )
+        logger.info("eviction policy switched from %s to %s", old.name, new.name)
+        return old.name
+
+    def clear(self) -> list[BlockHash]:
+        """Evict every resident, unpinned, ready block and forget ghost
+        history. Pinned blocks and stores in flight are kept. Returns the
+        evicted hashes (one ``removed`` event plus a ``cleared`` record)."""
+        policy = self._policy
+        evictable = sum(1 for _, b in policy.ordered_items() if b.ref_cnt == 0)
+        evicted: list[BlockHash] = []
+        if evictable:
+            victims = policy.evict(evictable, ())
+            assert victims is not None
+            free = self.backend.free
+            for h, b, src in victims:
+                free(b)
+                evicted.append(h)
+                self._evictions[src] = self._evictions.get(src, 0) + 1
+        policy.clear_ghosts()
+        if self.event_log is not None:
+            if evicted:
+                self.event_log.append("removed", evicted, self._block_size, self._medium)
+            self.event_log.append("cleared", detail={"evicted": str(len(evicted))})
+        return evicted
+
+    def stats(self) -> ManagerStats:
+        """An immutable snapshot. Call it on the owning thread (or hand the
+        snapshot to others): it reads counters without a lock."""
+        policy = self._policy
+        used = len(policy)
+        ghost = dict(self._retired_ghost_hits)
+        for k, v in policy.ghost_hits.items():
+            ghost[k] = ghost.get(k, 0) + v
+        counters = ManagerCounters(
+            lookups=self._lookups,
+            lookup_blocks=self._lookup_blocks,
+            hit_blocks=self._hit_blocks,
+            load_blocks=self._load_blocks,
+            load_completed_blocks=self._load_completed_blocks,
+            touches=self._touches,
+            store_prepared_blocks=self._store_prepared,
+            store_blocks=MappingProxyType(
+                {
+                    "stored": self._stored,
+                    "skipped_present": self._skipped_present,
+                    "failed": self._failed,
+                    "rejected_no_room": self._rejected_blocks,
+                }
+            ),
+            rejected_stores=self._rejected_stores,
+            evictions=MappingProxyType(dict(self._evictions)),
+            ghost_hits=MappingProxyType(ghost),
+            policy_switches=self._policy_switches,
+        )
+        return ManagerStats(
+            policy=policy.name,
+            medium=self._medium,
+            block_size=self._block_size,
+            capacity=self.capacity,
+            used=used,
+            free=self.backend.get_num_free_blocks(),
+            pinned=self._pinned,
+            in_flight=self._in_flight,
+            lists=MappingProxyType(policy.list_sizes()),
+            params=MappingProxyType(policy.params()),
+            counters=counters,
+            events=self.event_log.stats() if self.event_log is not None else None,
+        )
+
+
+class LRUOffloadingManager(PolicyOffloadingManager):
+    """vLLM's LRU manager: a :class:`PolicyOffloadingManager` starting on LRU."""
+
+    def __init__(self, backend: Backend, enable_events: bool = False) -> None:
+        super().__init__(backend, policy="lru", enable_events=enable_events)
+
+
+class ARCOffloadingManager(PolicyOffloadingManager):
+    """vLLM's ARC manager: a :class:`PolicyOffloadingManager` starting on ARC,
+    exposing ARC's lists and target as vLLM does (while ARC is the policy)."""
+
+    def __init__(self, backend: Backend, enable_events: bool = False) -> None:
+        super().__init__(backend, policy="arc", enable_events=enable_events)
+
+    def _arc(self) -> ARCPolicy:
+        p = self._policy
+        if not isinstance(p, ARCPolicy):
+            raise AttributeError(
+                f"ARC lists are unavailable: the policy was switched to {p.name!r}"
+            )
+        return p
+
+    t1 = property(lambda self: self._arc().t1, doc="T1: blocks used once, LRU first.")
+    t2 = property(lambda self: self._arc().t2, doc="T2: blocks used twice or more, LRU first.")
+    b1 = property(lambda self: self._arc().b1, doc="B1: ghosts of blocks evicted from T1.")
+    b2 = property(lambda self: self._arc().b2, doc="B2: ghosts of blocks evicted from T2.")
+
+    @property
+    def cache_capacity(self) -> int:
+        return self.capacity
+
+    @property
+    def target_t1_size(self) -> float:
+        return self._arc().target_t1_size
+
+    @target_t1_size.setter
+    def target_t1_size(self, value: float) -> None:
+        self._arc().target_t1_size = value
+
+

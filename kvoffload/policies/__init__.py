@@ -1,0 +1,51 @@
+"""Eviction policies and their registry.
+
+Adding a policy is one module with an :class:`EvictionPolicy` subclass plus
+one entry in :data:`_REGISTRY`; modules are imported only when the policy is
+first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kvoffload.errors import PolicyError
+from kvoffload.policies.base import EvictionPolicy, Victim
+
+__all__ = ["EvictionPolicy", "Victim", "available_policies", "create_policy", "policy_class"]
+
+#: policy name -> "module:ClassName"
+_REGISTRY: dict[str, str] = {
+    "lru": "kvoffload.policies.lru:LRUPolicy",
+    "arc": "kvoffload.policies.arc:ARCPolicy",
+}
+
+
+def available_policies() -> tuple[str, ...]:
+    """Names of the registered policies, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def policy_class(name: str) -> type[EvictionPolicy]:
+    """The class registered under ``name``; :class:`PolicyError` if unknown."""
+    key = name.lower() if isinstance(name, str) else name
+    target = _REGISTRY.get(key)
+    if target is None:
+        raise PolicyError(
+            f"unknown eviction policy {name!r}; valid policies: {', '.join(available_policies())}"
+        )
+    module_name, _, attr = target.partition(":")
+    cls: type[EvictionPolicy] = getattr(importlib.import_module(module_name), attr)
+    return cls
+
+
+def create_policy(name: str, capacity: int) -> EvictionPolicy:
+    """A new, empty policy ``name`` for a cache of ``capacity`` blocks."""
+    return policy_class(name)(capacity)
+
+
+def register_policy(name: str, target: str) -> None:
+    """Register ``"module:Class"`` under ``name`` (for policies outside kvoffload)."""
+    if name in _REGISTRY:
+        raise PolicyError(f"eviction policy {name!r} is already registered")
+    _REGISTRY[name] = target

@@ -1,0 +1,168 @@
+"""Adaptive Replacement Cache (Megiddo & Modha), as vLLM 0.11.2 adapts it.
+
+T1 holds blocks used once, T2 blocks used at least twice, B1/B2 remember the
+hashes recently evicted from T1/T2 (ghosts). A touch that hits B1 says "T1
+was too small": ``target_t1_size`` grows by ``max(1, |B2|/|B1|)``; a B2 hit
+shrinks it by ``max(1, |B1|/|B2|)``. Eviction takes T1's oldest evictable
+block while ``len(T1) >= int(target_t1_size)``, else T2's, falling back to
+the other list when the preferred one has nothing evictable.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Iterator, Sequence
+
+from kvoffload.abstract import BlockHash
+from kvoffload.backend import BlockStatus
+from kvoffload.policies.base import EvictionPolicy, Victim
+
+
+class ARCPolicy(EvictionPolicy):
+    """ARC over resident blocks; ghost lists bounded by the capacity."""
+
+    name = "arc"
+    list_names = ("t1", "t2", "b1", "b2")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.target_t1_size: float = 0.0
+        self.t1: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.t2: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.ghost_hits = {"b1": 0, "b2": 0}
+
+    @property
+    def cache_capacity(self) -> int:
+        """vLLM's name for the capacity (bound of T1+T2 and of each ghost list)."""
+        return self.capacity
+
+    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+        b = self.t1.get(block_hash)
+        return b if b is not None else self.t2.get(block_hash)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self.t1 or block_hash in self.t2
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+        t1 = self.t1
+        b1_pop = self.b1.pop
+        b2_pop = self.b2.pop
+        for h, b in zip(block_hashes, blocks, strict=True):
+            t1[h] = b
+            b1_pop(h, None)
+            b2_pop(h, None)
+
+    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+        b = self.t1.pop(block_hash, None)
+        return b if b is not None else self.t2.pop(block_hash, None)
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        for h in reversed(block_hashes):
+            b = t1.get(h)
+            if b is not None:
+                if b.ref_cnt < 0:
+                    # Store still in flight: the engine touches right after
+                    # prepare_store, which is not a second use. Stay in T1.
+                    t1.move_to_end(h)
+                else:
+                    del t1[h]
+                    t2[h] = b
+            elif h in t2:
+                t2.move_to_end(h)
+            elif h in b1:
+                delta = max(1.0, len(b2) / len(b1))
+                self.target_t1_size = min(self.target_t1_size + delta, self.capacity)
+                b1.move_to_end(h)
+                self.ghost_hits["b1"] += 1
+            elif h in b2:
+                delta = max(1.0, len(b1) / len(b2))
+                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                b2.move_to_end(h)
+                self.ghost_hits["b2"] += 1
+
+    def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
+        # One pass over each list for the whole batch (vLLM restarts the scan
+        # for every victim: O(n * pinned)). Selection first, mutation after,
+        # so that a batch that cannot be satisfied changes nothing.
+        t1, t2 = self.t1, self.t2
+        it1 = iter(t1.items())
+        it2 = iter(t2.items())
+        passed1: list[BlockHash] = []
+        passed2: list[BlockHash] = []
+        victims: list[Victim] = []
+        t1_len = len(t1)
+        target = int(self.target_t1_size)
+        done1 = done2 = False
+        while len(victims) < n:
+            order = (1, 2) if t1_len >= target else (2, 1)
+            picked = False
+            for which in order:
+                if which == 1 and not done1:
+                    for h, b in it1:
+                        if b.ref_cnt == 0:
+                            if h in protected:
+                                continue
+                            victims.append((h, b, "t1"))
+                            t1_len -= 1
+                            picked = True
+                            break
+                        passed1.append(h)
+                    else:
+                        done1 = True
+                elif which == 2 and not done2:
+                    for h, b in it2:
+                        if b.ref_cnt == 0:
+                            if h in protected:
+                                continue
+                            victims.append((h, b, "t2"))
+                            picked = True
+                            break
+                        passed2.append(h)
+                    else:
+                        done2 = True
+                if picked:
+                    break
+            if not picked:
+                return None
+        b1, b2 = self.b1, self.b2
+        for h, _, src in victims:
+            if src == "t1":
+                del t1[h]
+                b1[h] = None
+            else:
+                del t2[h]
+                b2[h] = None
+        for od, passed in ((t1, passed1), (t2, passed2)):
+            move = od.move_to_end
+            for h in passed:
+                move(h)
+        cap = self.capacity
+        for ghosts in (b1, b2):
+            for _ in range(len(ghosts) - cap):
+                ghosts.popitem(last=False)
+        return victims
+
+    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+        return iter([*self.t1.items(), *self.t2.items()])
+
+    def seed(self, items: object) -> None:
+        # Another policy's order seeds T1 (no block has a proven second use
+        # yet from ARC's point of view); ghosts start empty, target at 0.
+        self.t1.update(items)  # type: ignore[call-overload]
+
+    def list_sizes(self) -> dict[str, int]:
+        return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}
+
+    def params(self) -> dict[str, float]:
+        return {"target_t1_size": float(self.target_t1_size)}
+
+    def clear_ghosts(self) -> None:
+        self.b1.clear()
+        self.b2.clear()
+        self.target_t1_size = 0.0

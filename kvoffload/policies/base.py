@@ -1,0 +1,97 @@
+"""The eviction-policy seam.
+
+A policy is a small ordered index of the resident blocks: it keeps the block
+table (hash -> :class:`~kvoffload.backend.BlockStatus`) in its own order,
+reacts to ``touch`` and picks victims. Everything else (reference counts,
+protection of the hashes a call names, atomicity, events, counters) belongs to
+:class:`~kvoffload.manager.PolicyOffloadingManager` and is written once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Container, Iterable, Iterator, Sequence
+from typing import ClassVar
+
+from kvoffload.abstract import BlockHash
+from kvoffload.backend import BlockStatus
+
+#: ``(hash, block, list it was evicted from)``
+Victim = tuple[BlockHash, BlockStatus, str]
+
+
+class EvictionPolicy(ABC):
+    """Orders resident blocks and chooses which to evict.
+
+    Contract every policy keeps (checked by ``tests/policies/test_contract.py``):
+
+    * ``get``/``__contains__``/``__len__`` see exactly the inserted, not yet
+      evicted or removed blocks;
+    * ``evict(n, protected)`` is all-or-nothing: it returns exactly ``n``
+      victims, each with ``ref_cnt == 0`` and not in ``protected``, and removes
+      them; or it returns ``None`` and changes nothing;
+    * ``evict`` costs amortised O(1) per victim even when most blocks are
+      pinned or in flight: a non-evictable block the scan passes counts as
+      used at that moment (it *is* in use) and moves to its list's most
+      recent end, so later scans do not pass it again;
+    * ``ordered_items`` yields every resident block, least valuable first;
+      ``seed`` accepts that order from another policy (live switch).
+    """
+
+    #: the name users select the policy by (``"lru"``, ``"arc"``...)
+    name: ClassVar[str]
+    #: names of the lists whose sizes :meth:`list_sizes` reports
+    list_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        #: touches that hit a ghost entry, by ghost list name
+        self.ghost_hits: dict[str, int] = {}
+
+    @abstractmethod
+    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+        """The resident block with this hash, or ``None``."""
+
+    @abstractmethod
+    def __contains__(self, block_hash: object) -> bool: ...
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of resident blocks (ghost entries excluded)."""
+
+    @abstractmethod
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+        """Add newly allocated blocks (not yet in the index) as most recent."""
+
+    @abstractmethod
+    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+        """Forget a block without remembering it (its store failed)."""
+
+    @abstractmethod
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Record a use of the blocks; the first hash ends most recent."""
+
+    @abstractmethod
+    def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
+        """Remove and return ``n`` evictable blocks, or ``None`` (no change)."""
+
+    @abstractmethod
+    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+        """Every resident block, first to be evicted first."""
+
+    def seed(self, items: Iterable[tuple[BlockHash, BlockStatus]]) -> None:
+        """Fill an empty policy from another policy's :meth:`ordered_items`."""
+        items = list(items)
+        self.insert([h for h, _ in items], [b for _, b in items])
+
+    @abstractmethod
+    def list_sizes(self) -> dict[str, int]:
+        """Size of each list named in :attr:`list_names`."""
+
+    def params(self) -> dict[str, float]:
+        """The policy's adaptive parameters (for stats and metrics)."""
+        return {}
+
+    def clear_ghosts(self) -> None:
+        """Forget history kept for blocks that are no longer resident."""
+        return

@@ -1,0 +1,178 @@
+"""Offloading specs: what to build for a configuration (vLLM ``kv_offload.spec`` / ``cpu``).
+
+A spec is made either from a small typed :class:`OffloadingConfig` or, as in
+vLLM, from an engine config object read by duck typing
+(``kv_transfer_config.kv_connector_extra_config``, ``cache_config.block_size``,
+``kv_events_config.enable_kv_cache_events``).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.abstract import LoadStoreSpec, OffloadingManager
+from kvoffload.backends.cpu import CPUBackend
+from kvoffload.errors import ConfigError
+from kvoffload.manager import PolicyOffloadingManager
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.policies import available_policies, policy_class
+from kvoffload.transfer.worker import OffloadingHandler
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPEC_NAME = "CPUOffloadingSpec"
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+                value = int(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
+    if value <= 0:  # type: ignore[operator]
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadingConfig:
+    """Typed offloading configuration.
+
+    ``offloaded_block_size`` (tokens per CPU block) defaults to
+    ``gpu_block_size`` and must be a multiple of it.
+    """
+
+    gpu_block_size: int
+    num_cpu_blocks: int
+    offloaded_block_size: int | None = None
+    eviction_policy: str = "lru"
+    enable_events: bool = False
+    event_log_capacity: int = 10_000
+    spec_name: str = DEFAULT_SPEC_NAME
+    spec_module_path: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("gpu_block_size", self.gpu_block_size)
+        _positive_int("num_cpu_blocks", self.num_cpu_blocks)
+        _positive_int("event_log_capacity", self.event_log_capacity)
+        obs = self.block_size
+        _positive_int("offloaded_block_size", obs)
+        if obs % self.gpu_block_size:
+            raise ConfigError(
+                f"offloaded block size {obs} must be a multiple of the GPU block size "
+                f"{self.gpu_block_size} (e.g. {self.gpu_block_size * max(1, obs // self.gpu_block_size)})"
+            )
+        policy_class(self.eviction_policy)  # raises PolicyError naming the valid ones
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per offloaded (CPU) block."""
+        return self.offloaded_block_size if self.offloaded_block_size is not None else self.gpu_block_size
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> OffloadingConfig:
+        """Read a vLLM-style config object (duck-typed)."""
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        if ktc is None:
+            raise ConfigError("vllm_config.kv_transfer_config is required for KV offloading")
+        extra: Mapping[str, Any] = getattr(ktc, "kv_connector_extra_config", None) or {}
+        cache_config = getattr(vllm_config, "cache_config", None)
+        gpu_block_size = getattr(cache_config, "block_size", None)
+        if gpu_block_size is None:
+            raise ConfigError("vllm_config.cache_config.block_size is required")
+        if not extra.get("num_cpu_blocks"):
+            raise ConfigError(
+                "num_cpu_blocks must be set to a positive integer in kv_connector_extra_config"
+            )
+        events_cfg = getattr(vllm_config, "kv_events_config", None)
+        enable_events = bool(events_cfg is not None and getattr(events_cfg, "enable_kv_cache_events", False))
+        return cls(
+            gpu_block_size=_positive_int("cache_config.block_size", gpu_block_size),
+            num_cpu_blocks=_positive_int("num_cpu_blocks", extra["num_cpu_blocks"]),
+            offloaded_block_size=_positive_int("block_size", extra.get("block_size", gpu_block_size)),
+            eviction_policy=str(extra.get("eviction_policy", "lru")),
+            enable_events=enable_events,
+            spec_name=str(extra.get("spec_name", DEFAULT_SPEC_NAME)),
+            spec_module_path=extra.get("spec_module_path"),
+        )
+
+
+def _to_config(config: OffloadingConfig | Any) -> OffloadingConfig:
+    return config if isinstance(config, OffloadingConfig) else OffloadingConfig.from_vllm_config(config)
+
+
+class OffloadingSpec(ABC):
+    """Builds the scheduler-side manager and the worker-side handlers."""
+
+    def __init__(self, vllm_config: OffloadingConfig | Any) -> None:
+        self.vllm_config = vllm_config
+        self.config = _to_config(vllm_config)
+        self.gpu_block_size = self.config.gpu_block_size
+        self.offloaded_block_size = self.config.block_size
+
+    @abstractmethod
+    def get_manager(self) -> OffloadingManager:
+        """The (single) scheduler-side manager."""
+
+    @abstractmethod
+    def get_handlers(
+        self, kv_caches: dict[str, torch.Tensor], attn_backends: Mapping[str, Any] | None = None
+    ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], OffloadingHandler]]:
+        """``(src spec class, dst spec class, handler)`` for every direction."""
+
+
+class CPUOffloadingSpec(OffloadingSpec):
+    """Offload to CPU memory: a :class:`CPUBackend` manager and a
+    :class:`~kvoffload.transfer.CpuGpuOffloadingHandler` for both directions."""
+
+    def __init__(self, vllm_config: OffloadingConfig | Any) -> None:
+        super().__init__(vllm_config)
+        self.num_cpu_blocks = self.config.num_cpu_blocks
+        self.eviction_policy = self.config.eviction_policy
+        self._manager: PolicyOffloadingManager | None = None
+        self._handler: OffloadingHandler | None = None
+
+    def get_manager(self) -> PolicyOffloadingManager:
+        if self._manager is None:
+            backend = CPUBackend(block_size=self.offloaded_block_size, num_blocks=self.num_cpu_blocks)
+            self._manager = PolicyOffloadingManager(
+                backend,
+                policy=self.eviction_policy,
+                enable_events=self.config.enable_events,
+                event_log_capacity=self.config.event_log_capacity,
+            )
+        return self._manager
+
+    def get_handlers(
+        self, kv_caches: dict[str, torch.Tensor], attn_backends: Mapping[str, Any] | None = None
+    ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], OffloadingHandler]]:
+        if self._handler is None:
+            from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
+
+            self._handler = CpuGpuOffloadingHandler(
+                gpu_caches=kv_caches,
+                gpu_block_size=self.gpu_block_size,
+                cpu_block_size=self.offloaded_block_size,
+                num_cpu_blocks=self.num_cpu_blocks,
+                attn_backends=attn_backends,
+            )
+        yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler
+        yield CPULoadStoreSpec, GPULoadStoreSpec, self._handler
+
+
+__all__ = [
+    "CPUOffloadingSpec",
+    "OffloadingConfig",
+    "OffloadingSpec",
+    "available_policies",
+]
