@@ -91,10 +91,8 @@ class Workload(ABC):
 
 # --------------------------------------------------------------------------- block mapping
 
-#: the parent of a chain's first block; 16 bytes like every digest so that the
-#: packed input of :func:`_digest` has a fixed layout and cannot be ambiguous
-_ROOT = bytes(16)
 _ID = struct.Struct("<QI")
+_SIZES = struct.Struct("<QQ")
 
 
 def _digest(data: bytes) -> BlockHash:
@@ -134,7 +132,10 @@ def engine_block_hashes(
     if num_tokens is not None:
         full = min(full, num_tokens // engine_block_size)
     out: list[BlockHash] = []
-    parent: bytes = _ROOT
+    # The chain's root digests the two block sizes: hashes of different
+    # geometries never collide, and every parent is a 16-byte digest, so the
+    # packed input of each hash has a fixed layout and cannot be ambiguous.
+    parent = _digest(_SIZES.pack(trace_block_size, engine_block_size))
     if trace_block_size % engine_block_size == 0:
         per_id = trace_block_size // engine_block_size
         pack = _ID.pack
