@@ -44,6 +44,8 @@ from kvoffload.transfer.worker import (
 if TYPE_CHECKING:
     from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 
+# CpuGpuOffloadingHandler is reachable as an attribute but left out of __all__
+# so that ``from kvoffload import *`` does not load torch.
 __all__ = [
     "ARCOffloadingManager",
     "Backend",
@@ -54,7 +56,6 @@ __all__ = [
     "CPULoadStoreSpec",
     "CPUOffloadingSpec",
     "ConfigError",
-    "CpuGpuOffloadingHandler",
     "EventLog",
     "EventPage",
     "EventRecord",

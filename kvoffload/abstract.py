@@ -72,15 +72,11 @@ class OffloadingManager(ABC):
         return
 
     @abstractmethod
-    def prepare_store(
-        self, block_hashes: Iterable[BlockHash]
-    ) -> PrepareStoreOutput | None:
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         """Allocate room for the blocks not yet present, evicting if needed.
         ``None`` when there is no room, and then nothing changed."""
 
-    def complete_store(
-        self, block_hashes: Iterable[BlockHash], success: bool = True
-    ) -> None:
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
         """Mark stored blocks readable, or (``success=False``) forget the ones
         whose store was still in flight."""
         return

@@ -16,7 +16,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from types import MappingProxyType
 
 from kvoffload.abstract import (
@@ -284,9 +284,7 @@ class PolicyOffloadingManager(OffloadingManager):
         self._policy = new
         self._policy_switches += 1
         if self.event_log is not None:
-            self.event_log.append(
-                "policy_switched", detail={"from": old.name, "to": new.name}
-            )
+            self.event_log.append("policy_switched", detail={"from": old.name, "to": new.name})
         logger.info("eviction policy switched from %s to %s", old.name, new.name)
         return old.name
 
@@ -395,5 +393,3 @@ class ARCOffloadingManager(PolicyOffloadingManager):
     @target_t1_size.setter
     def target_t1_size(self, value: float) -> None:
         self._arc().target_t1_size = value
-
-

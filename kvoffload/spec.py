@@ -77,7 +77,11 @@ class OffloadingConfig:
     @property
     def block_size(self) -> int:
         """Tokens per offloaded (CPU) block."""
-        return self.offloaded_block_size if self.offloaded_block_size is not None else self.gpu_block_size
+        return (
+            self.offloaded_block_size
+            if self.offloaded_block_size is not None
+            else self.gpu_block_size
+        )
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> OffloadingConfig:
@@ -95,11 +99,15 @@ class OffloadingConfig:
                 "num_cpu_blocks must be set to a positive integer in kv_connector_extra_config"
             )
         events_cfg = getattr(vllm_config, "kv_events_config", None)
-        enable_events = bool(events_cfg is not None and getattr(events_cfg, "enable_kv_cache_events", False))
+        enable_events = bool(
+            events_cfg is not None and getattr(events_cfg, "enable_kv_cache_events", False)
+        )
         return cls(
             gpu_block_size=_positive_int("cache_config.block_size", gpu_block_size),
             num_cpu_blocks=_positive_int("num_cpu_blocks", extra["num_cpu_blocks"]),
-            offloaded_block_size=_positive_int("block_size", extra.get("block_size", gpu_block_size)),
+            offloaded_block_size=_positive_int(
+                "block_size", extra.get("block_size", gpu_block_size)
+            ),
             eviction_policy=str(extra.get("eviction_policy", "lru")),
             enable_events=enable_events,
             spec_name=str(extra.get("spec_name", DEFAULT_SPEC_NAME)),
@@ -108,7 +116,11 @@ class OffloadingConfig:
 
 
 def _to_config(config: OffloadingConfig | Any) -> OffloadingConfig:
-    return config if isinstance(config, OffloadingConfig) else OffloadingConfig.from_vllm_config(config)
+    return (
+        config
+        if isinstance(config, OffloadingConfig)
+        else OffloadingConfig.from_vllm_config(config)
+    )
 
 
 class OffloadingSpec(ABC):
@@ -144,7 +156,9 @@ class CPUOffloadingSpec(OffloadingSpec):
 
     def get_manager(self) -> PolicyOffloadingManager:
         if self._manager is None:
-            backend = CPUBackend(block_size=self.offloaded_block_size, num_blocks=self.num_cpu_blocks)
+            backend = CPUBackend(
+                block_size=self.offloaded_block_size, num_blocks=self.num_cpu_blocks
+            )
             self._manager = PolicyOffloadingManager(
                 backend,
                 policy=self.eviction_policy,

@@ -47,7 +47,9 @@ class OffloadingWorker:
         One handler may serve several directions; it is polled once."""
         transfer_type = (src_cls.medium(), dst_cls.medium())
         if transfer_type in self.transfer_type_to_handler:
-            raise TransferError(f"a handler is already registered for {transfer_type[0]}->{transfer_type[1]}")
+            raise TransferError(
+                f"a handler is already registered for {transfer_type[0]}->{transfer_type[1]}"
+            )
         if not any(h is handler for h in self.handlers):
             self.handlers.append(handler)
         self.transfer_type_to_handler[transfer_type] = handler
@@ -72,7 +74,9 @@ class OffloadingWorker:
             logger.warning("transfer %d (%s->%s) raised", job_id, *transfer_type, exc_info=True)
             return False
         if not success:
-            logger.warning("transfer %d (%s->%s) was refused by its handler", job_id, *transfer_type)
+            logger.warning(
+                "transfer %d (%s->%s) was refused by its handler", job_id, *transfer_type
+            )
             return False
         self._pending.add(job_id)
         return True

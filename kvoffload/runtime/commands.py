@@ -1,0 +1,47 @@
+"""Commands queued to the engine and applied between steps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from kvoffload.errors import KVOffloadError
+
+CommandKind = Literal["switch_policy", "pause", "resume", "reset"]
+
+
+class VersionConflictError(KVOffloadError):
+    """A policy switch named an ``expected_version`` that is no longer current."""
+
+    def __init__(self, expected: int, current: int) -> None:
+        super().__init__(
+            f"policy version is {current}, not the expected {expected}; "
+            "re-read the policy and retry with the current version"
+        )
+        self.expected = expected
+        self.current = current
+
+
+class EngineStoppedError(KVOffloadError):
+    """A command was sent to an engine that has stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    kind: CommandKind
+    policy: str | None = None
+    expected_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What an applied command did and when."""
+
+    kind: CommandKind
+    #: the engine step after which the command took effect (steps done so far)
+    applied_at_step: int
+    policy: str
+    policy_version: int
+    detail: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))

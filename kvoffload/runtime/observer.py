@@ -1,0 +1,68 @@
+"""Hooks the engine calls so that telemetry stays out of the runtime.
+
+:mod:`kvoffload.instrumentation` implements :class:`EngineObserver` for
+Prometheus and OpenTelemetry; the runtime itself imports neither. Observers
+are called on the engine thread and must be cheap and never raise (the engine
+logs and drops an observer's exception rather than stopping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvoffload.runtime.commands import CommandResult
+
+Direction = Literal["store", "load"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """A finished transfer job."""
+
+    job_id: int
+    #: "store" = GPU->CPU, "load" = CPU->GPU
+    direction: Direction
+    #: GPU-sized blocks copied
+    blocks: int
+    nbytes: int
+    submitted_ns: int
+    finished_ns: int
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request the engine finished, with where its prompt's KV came from."""
+
+    request_id: int
+    step: int
+    prompt_tokens: int
+    gpu_hit_tokens: int
+    cpu_hit_tokens: int
+    computed_tokens: int
+
+
+class EngineObserver:
+    """Base observer: every hook does nothing. Override what you need."""
+
+    def step_started(self, step: int, start_ns: int) -> None:
+        """Step ``step`` (1-based) begins."""
+
+    def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
+        """Step ``step`` ended after processing ``requests`` requests."""
+
+    def transfer_finished(self, record: TransferRecord) -> None:
+        """A transfer job completed (successfully or not)."""
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """A request's prompt has been served."""
+
+    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
+        """``count`` offloaded blocks were evicted during ``step``."""
+
+    def command_applied(self, result: CommandResult) -> None:
+        """A queued command took effect."""
+
+    def close(self) -> None:
+        """The engine stopped; flush anything buffered."""
