@@ -234,7 +234,7 @@ class PolicyOffloadingManager(OffloadingManager):
             )
         if success:
             stored: list[BlockHash] = []
-            for h, b in zip(hashes, blocks):
+            for h, b in zip(hashes, blocks, strict=True):
                 if b.ref_cnt < 0:  # type: ignore[union-attr]
                     b.ref_cnt = 0  # type: ignore[union-attr]
                     stored.append(h)
@@ -245,7 +245,7 @@ class PolicyOffloadingManager(OffloadingManager):
         else:
             free = self.backend.free
             failed = 0
-            for h, b in zip(hashes, blocks):
+            for h, b in zip(hashes, blocks, strict=True):
                 if b.ref_cnt < 0 and policy.remove(h) is not None:  # type: ignore[union-attr]
                     free(b)  # type: ignore[arg-type]
                     failed += 1
