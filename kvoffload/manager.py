@@ -168,6 +168,7 @@ class PolicyOffloadingManager(OffloadingManager):
         hashes = _as_list(block_hashes)
         get = self._policy.get
         done: list[BlockStatus] = []
+        unpinned = 0
         for h in hashes:
             b = get(h)
             if b is None or b.ref_cnt <= 0:
@@ -176,8 +177,12 @@ class PolicyOffloadingManager(OffloadingManager):
                 state = "not offloaded" if b is None else "not being loaded"
                 raise BlockStateError(f"cannot complete load of block {h!r}: it is {state}")
             b.ref_cnt -= 1
+            # count the transition, not the end state: a hash listed twice
+            # reaches 0 once
+            if b.ref_cnt == 0:
+                unpinned += 1
             done.append(b)
-        self._pinned -= sum(1 for b in done if b.ref_cnt == 0)
+        self._pinned -= unpinned
         self._load_completed_blocks += len(done)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
