@@ -1,0 +1,365 @@
+"""Offline replay of a workload against an offloading manager, and Belady's
+optimal hit ratio as the upper bound to compare it with.
+
+The replay drives a manager alone (no engine, no transfers), one offloaded
+block per trace block id. Per request, in this order::
+
+    touch(all hashes); hit = lookup(all hashes)
+    out = prepare_store(hashes[hit:]); complete_store(hashes[hit:])
+
+so a request's hits are the longest prefix of its blocks that is resident,
+and its missing blocks are stored right away. A store with no room
+(``prepare_store`` returns ``None``) is counted as rejected and skipped.
+
+:func:`belady` applies the same prefix semantics with perfect knowledge of
+the future: it evicts the block whose next use is furthest away.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import time
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TypeVar
+
+from kvoffload.abstract import BlockHash, OffloadingManager
+from kvoffload.backends.cpu import CPUBackend
+from kvoffload.errors import ConfigError
+from kvoffload.runtime.workloads import Request, engine_block_hashes
+
+__all__ = [
+    "BeladyResult",
+    "ReplayResult",
+    "ReplayTrace",
+    "belady",
+    "parse_capacity",
+    "replay",
+]
+
+K = TypeVar("K", bound=Hashable)
+
+#: requests between two calls of a replay's ``progress`` callback
+PROGRESS_EVERY = 256
+
+
+# --------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTrace:
+    """A workload prepared for replay: one block hash per trace block id.
+
+    Hashing is done once here, outside the timed manager calls, and shared by
+    every (policy, capacity) run of the trace.
+    """
+
+    name: str
+    #: one tuple of chained block hashes per request, in arrival order
+    block_hashes: tuple[tuple[BlockHash, ...], ...]
+    trace_block_size: int
+
+    @classmethod
+    def from_requests(
+        cls, requests: Iterable[Request], *, name: str, trace_block_size: int
+    ) -> ReplayTrace:
+        """Hash each request's block ids at the trace block size (see
+        :func:`~kvoffload.runtime.workloads.engine_block_hashes`)."""
+        hashes = tuple(
+            tuple(
+                engine_block_hashes(
+                    r.block_ids,
+                    trace_block_size=trace_block_size,
+                    engine_block_size=trace_block_size,
+                )
+            )
+            for r in requests
+        )
+        return cls(name=name, block_hashes=hashes, trace_block_size=trace_block_size)
+
+    @property
+    def requests(self) -> int:
+        return len(self.block_hashes)
+
+    @property
+    def block_accesses(self) -> int:
+        return sum(len(h) for h in self.block_hashes)
+
+    @property
+    def unique_blocks(self) -> int:
+        return len({h for hashes in self.block_hashes for h in hashes})
+
+
+# --------------------------------------------------------------------------- capacity
+
+_BLOCKS = re.compile(r"[0-9]+")
+_PERCENT = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def parse_capacity(spec: str, unique_blocks: int) -> int:
+    """Capacity in blocks from ``"1000"`` (blocks) or ``"5%"`` (floor of that
+    share of ``unique_blocks``, the trace's distinct blocks).
+
+    Raises :class:`ConfigError` for zero, negative, above 100%, a percentage
+    that rounds down to no block, or anything else that is not one of the
+    two forms.
+    """
+    text = spec.strip()
+    if text.startswith("-"):
+        raise ConfigError(f"capacity {spec!r} must be positive")
+    if text.endswith("%"):
+        number = text[:-1].strip()
+        if not _PERCENT.fullmatch(number):
+            raise ConfigError(f"capacity {spec!r} is not a percentage like '5%' or '2.5%'")
+        percent = Fraction(number)
+        if percent <= 0:
+            raise ConfigError(f"capacity {spec!r} must be more than 0%")
+        if percent > 100:
+            raise ConfigError(f"capacity {spec!r} must be at most 100%")
+        # Fraction keeps "5% of 182790" exact: 9139, not 9139.499999
+        blocks = math.floor(percent * unique_blocks / 100)
+        if blocks < 1:
+            raise ConfigError(
+                f"capacity {spec!r} of {unique_blocks} unique blocks is less than one block"
+            )
+        return blocks
+    if not _BLOCKS.fullmatch(text):
+        raise ConfigError(
+            f"capacity {spec!r} is neither a block count like '1000' nor a percentage like '5%'"
+        )
+    blocks = int(text)
+    if blocks < 1:
+        raise ConfigError(f"capacity {spec!r} must be at least 1 block")
+    return blocks
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What one replay of a trace against one manager measured."""
+
+    trace: str
+    policy: str
+    capacity: int
+    requests: int
+    block_accesses: int
+    hit_blocks: int
+    evictions: int
+    rejected_stores: int
+    #: hashes passed to touch + lookup + prepare_store + complete_store
+    block_ops: int
+    #: time spent inside the manager calls only
+    wall_seconds: float
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        """Hit blocks / block accesses (0.0 for an empty trace)."""
+        return self.hit_blocks / self.block_accesses if self.block_accesses else 0.0
+
+    @property
+    def block_ops_per_second(self) -> float:
+        """Manager throughput (0.0 if nothing was timed)."""
+        return self.block_ops / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def replay(
+    trace: ReplayTrace,
+    *,
+    policy: str,
+    capacity: int,
+    manager: OffloadingManager | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` against a fresh manager of ``capacity`` blocks.
+
+    The manager is a :class:`~kvoffload.manager.PolicyOffloadingManager`
+    running ``policy`` over a :class:`~kvoffload.backends.cpu.CPUBackend`,
+    unless ``manager`` is given: it is then used as is (empty, of that
+    capacity) and ``policy`` / ``capacity`` only label the result.
+    ``progress(n)`` is told every few hundred requests how many were done
+    since its last call (outside the timed section).
+    """
+    if capacity < 1:
+        raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    if manager is None:
+        # imported here: the manager pulls in the policy registry, which a
+        # caller that only wants Belady or capacity parsing does not need
+        from kvoffload.manager import PolicyOffloadingManager
+
+        manager = PolicyOffloadingManager(
+            CPUBackend(block_size=trace.trace_block_size, num_blocks=capacity), policy=policy
+        )
+    touch = manager.touch
+    lookup = manager.lookup
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    clock = time.perf_counter
+
+    accesses = hits = evictions = rejected = block_ops = 0
+    elapsed = 0.0
+    done = 0
+    for hashes in trace.block_hashes:
+        n = len(hashes)
+        # a list, so the manager need not copy an iterable it walks twice
+        request = list(hashes)
+        start = clock()
+        touch(request)
+        hit = lookup(request)
+        missing = request[hit:]
+        stored = prepare_store(missing)
+        if stored is not None:
+            complete_store(missing)
+        elapsed += clock() - start
+
+        accesses += n
+        hits += hit
+        if stored is None:
+            rejected += 1
+            block_ops += 2 * n + len(missing)
+        else:
+            evictions += len(stored.block_hashes_evicted)
+            block_ops += 2 * n + 2 * len(missing)
+        done += 1
+        if progress is not None and done == PROGRESS_EVERY:
+            progress(done)
+            done = 0
+    if progress is not None and done:
+        progress(done)
+    return ReplayResult(
+        trace=trace.name,
+        policy=policy,
+        capacity=capacity,
+        requests=trace.requests,
+        block_accesses=accesses,
+        hit_blocks=hits,
+        evictions=evictions,
+        rejected_stores=rejected,
+        block_ops=block_ops,
+        wall_seconds=elapsed,
+    )
+
+
+# --------------------------------------------------------------------------- Belady
+
+
+@dataclass(frozen=True, slots=True)
+class BeladyResult:
+    """Hits of the clairvoyant policy at one capacity."""
+
+    capacity: int
+    requests: int
+    block_accesses: int
+    hit_blocks: int
+    evictions: int
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        return self.hit_blocks / self.block_accesses if self.block_accesses else 0.0
+
+
+def belady(
+    requests: Sequence[Sequence[K]],
+    capacity: int,
+    *,
+    progress: Callable[[int], object] | None = None,
+) -> BeladyResult:
+    """Belady's optimal (future-knowing) replacement under prefix semantics.
+
+    Per request: its hits are the longest prefix of its blocks that is
+    resident; then its non-resident blocks are inserted in order, each
+    evicting the resident block whose next use is furthest away (blocks never
+    used again first; among blocks next used by the same request, the later
+    position first, since a prefix hit cannot reach it without the earlier
+    ones). The request's own blocks are never evicted for it; when only they
+    are left, the rest of the request is not inserted.
+
+    Next uses are precomputed backwards; victims come from a max-heap keyed by
+    next use with lazy invalidation (an entry is live only while its key is
+    the block's current key), so the whole run is O(accesses log accesses).
+    """
+    if capacity < 1:
+        raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    n_requests = len(requests)
+    # key of a use = request index * stride + position, larger = further away
+    stride = max((len(r) for r in requests), default=0) + 1
+    never = n_requests * stride
+
+    # next_keys[i][p]: key of the next use, after request i, of requests[i][p]
+    next_keys: list[list[int]] = [[]] * n_requests
+    last_use: dict[K, int] = {}
+    for i in range(n_requests - 1, -1, -1):
+        blocks = requests[i]
+        next_keys[i] = [last_use.get(b, never) for b in blocks]
+        base = i * stride
+        # backwards, so a block repeated within the request keeps its first position
+        for p in range(len(blocks) - 1, -1, -1):
+            last_use[blocks[p]] = base + p
+    del last_use
+
+    resident: dict[K, int] = {}  # block -> key of its next use
+    heap: list[tuple[int, int, K]] = []  # (-key, insertion counter, block)
+    counter = 0
+    hits = evictions = accesses = 0
+    done = 0
+    for i, blocks in enumerate(requests):
+        accesses += len(blocks)
+        for b in blocks:
+            if b not in resident:
+                break
+            hits += 1
+        # Every other resident block is next used after request i, so its key
+        # is >= this bound; keys below it belong to this request (protected).
+        current_bound = (i + 1) * stride
+        for p, b in enumerate(blocks):
+            if b in resident:
+                continue
+            if len(resident) >= capacity:
+                victim = _pop_furthest(heap, resident, current_bound)
+                if victim is None:
+                    break  # only this request's blocks are left
+                del resident[victim]
+                evictions += 1
+            # Not pushed: inserted blocks are protected until the request ends.
+            resident[b] = i * stride + p
+        keys = next_keys[i]
+        for p, b in enumerate(blocks):
+            if b in resident:
+                key = keys[p]
+                resident[b] = key
+                heapq.heappush(heap, (-key, counter, b))
+                counter += 1
+        done += 1
+        if progress is not None and done == PROGRESS_EVERY:
+            progress(done)
+            done = 0
+    if progress is not None and done:
+        progress(done)
+    return BeladyResult(
+        capacity=capacity,
+        requests=n_requests,
+        block_accesses=accesses,
+        hit_blocks=hits,
+        evictions=evictions,
+    )
+
+
+def _pop_furthest(
+    heap: list[tuple[int, int, K]], resident: dict[K, int], current_bound: int
+) -> K | None:
+    """Pop the live entry with the furthest next use; ``None`` (popping nothing
+    live) when there is none or it belongs to the current request."""
+    while heap:
+        neg_key, _, block = heap[0]
+        if resident.get(block) != -neg_key:
+            heapq.heappop(heap)  # stale: evicted, or its key moved on
+            continue
+        if -neg_key < current_bound:
+            return None
+        heapq.heappop(heap)
+        return block
+    return None
