@@ -1,0 +1,290 @@
+"""Which sub-block goes where: the block-mapping math of a transfer job.
+
+A CPU-tier block holds ``factor`` consecutive GPU blocks ("sub-blocks"): CPU
+block ``b`` covers rows ``b*factor .. b*factor+factor-1`` of the CPU mirror's
+block dimension. A GPU block is one row of the GPU cache (factor 1).
+
+This module is plain numpy so that the CUDA handler, the CPU-tensor path and
+the in-memory fake share one implementation that is unit-testable without
+torch.
+
+Partial CPU blocks
+------------------
+Counts alone fix where a transfer may start or end inside a CPU block only up
+to one convention. With plain specs, ``N`` GPU blocks and ``M`` CPU blocks,
+the job is accepted iff ``0 <= M*factor - N < factor`` and the missing
+``M*factor - N`` sub-blocks are skipped **at the start of the first CPU
+block**, on either side. On a store that is vLLM 0.11.2's
+``dst_sub_blocks_to_skip``; on a load it is the fix of vLLM's defect 7 (a GPU
+prefix hit that ends inside an offloaded block: vLLM asserts, we skip the
+head of the first source block).
+
+A transfer that *ends* inside a CPU block cannot be told apart from one that
+starts inside it by counts, so it must be said explicitly with
+:class:`PartialCPULoadStoreSpec` (``skip_first``/``skip_last``). Every other
+shape is refused with :class:`~kvoffload.errors.TransferError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from kvoffload.abstract import LoadStoreSpec
+from kvoffload.errors import TransferError
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+
+IntArray = npt.NDArray[np.int64]
+Direction = Literal["store", "load"]
+
+__all__ = [
+    "CopyPlan",
+    "Direction",
+    "PartialCPULoadStoreSpec",
+    "TransferPlan",
+    "consecutive_runs",
+    "expand_block_ids",
+    "plan_copy",
+    "plan_transfer",
+]
+
+
+class PartialCPULoadStoreSpec(CPULoadStoreSpec):
+    """CPU blocks of which only a middle part takes part in the transfer.
+
+    The first ``skip_first`` sub-blocks of the first block and the last
+    ``skip_last`` sub-blocks of the last block are left out (sub-block = one
+    GPU block). Its medium is still ``"CPU"``, so a worker routes it like a
+    :class:`~kvoffload.mediums.CPULoadStoreSpec`. Whether the skips fit the
+    handler's block-size factor is checked when a job is planned.
+    """
+
+    def __init__(
+        self,
+        block_ids: Iterable[int] | IntArray,
+        *,
+        skip_first: int = 0,
+        skip_last: int = 0,
+    ) -> None:
+        super().__init__(block_ids)
+        self.skip_first = int(skip_first)
+        self.skip_last = int(skip_last)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.block_ids.tolist()!r}, "
+            f"skip_first={self.skip_first}, skip_last={self.skip_last})"
+        )
+
+
+def expand_block_ids(
+    block_ids: IntArray, factor: int, skip_first: int = 0, skip_last: int = 0
+) -> IntArray:
+    """Sub-block rows covered by ``block_ids``, in order.
+
+    Block ``b`` expands to ``b*factor .. b*factor+factor-1``; the first
+    ``skip_first`` and last ``skip_last`` rows of the whole result are dropped.
+    E.g. ``([0, 1, 3], 4, skip_first=1)`` gives ``[1, 2, 3, 4, 5, 6, 7, 12,
+    13, 14, 15]``.
+
+    Precondition (checked by :func:`plan_copy`, not here): the skips leave at
+    least the rows they promise to leave.
+    """
+    ids = np.asarray(block_ids, dtype=np.int64)
+    if factor == 1:
+        # A copy, so the plan never aliases (possibly read-only) spec arrays.
+        rows = ids.copy()
+    else:
+        rows = (ids[:, None] * factor + np.arange(factor, dtype=np.int64)).reshape(-1)
+    return rows[skip_first : rows.size - skip_last]
+
+
+def consecutive_runs(idx: IntArray) -> IntArray:
+    """Maximal stretches where ``idx`` increases by exactly one.
+
+    Returns an ``(R, 2)`` array of ``(position, length)``; the lengths sum to
+    ``idx.size``.
+    """
+    if idx.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    starts = np.concatenate(([0], breaks)).astype(np.int64)
+    ends = np.concatenate((breaks, [idx.size])).astype(np.int64)
+    return np.stack((starts, ends - starts), axis=1)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyPlan:
+    """Row ``src[i]`` of the source goes to row ``dst[i]`` of the destination.
+
+    ``runs`` coalesces the pairs into ``(src_start, dst_start, length)``
+    stretches where both sides are consecutive, so an executor can issue one
+    slice copy per run instead of one per block.
+    """
+
+    src: IntArray
+    dst: IntArray
+    runs: IntArray
+
+    @property
+    def num_rows(self) -> int:
+        """Number of sub-blocks copied."""
+        return int(self.src.size)
+
+
+def _check_ids(name: str, ids: IntArray, num_blocks: int | None) -> IntArray:
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise TransferError(f"{name} block ids must be a 1-D integer array, got {ids!r}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or (num_blocks is not None and ids.max() >= num_blocks)):
+        bad = ids[(ids < 0) | (ids >= (num_blocks if num_blocks is not None else np.inf))]
+        raise TransferError(
+            f"{name} block ids {bad[:8].tolist()} are out of range [0, {num_blocks})"
+        )
+    return ids
+
+
+def _check_skips(name: str, n_blocks: int, factor: int, first: int, last: int) -> None:
+    if not (0 <= first < factor and 0 <= last < factor):
+        raise TransferError(
+            f"{name} skips (first={first}, last={last}) must each lie in [0, {factor})"
+        )
+    if n_blocks == 0 and first + last:
+        raise TransferError(f"{name} has no blocks but skips {first}+{last} sub-blocks")
+    if n_blocks == 1 and first + last >= factor:
+        raise TransferError(
+            f"{name} is one block of {factor} sub-blocks; skipping {first}+{last} leaves none"
+        )
+
+
+def plan_copy(
+    src_block_ids: IntArray,
+    src_factor: int,
+    dst_block_ids: IntArray,
+    dst_factor: int,
+    *,
+    src_skip: tuple[int, int] | None = None,
+    dst_skip: tuple[int, int] | None = None,
+    src_num_blocks: int | None = None,
+    dst_num_blocks: int | None = None,
+) -> CopyPlan:
+    """Pair the source and destination sub-block rows of one job.
+
+    ``*_skip`` is ``(first, last)`` sub-blocks left out of that side; ``None``
+    means "implicit": if the two sides' sub-block counts differ by less than
+    the larger side's factor, that side skips the difference at the start of
+    its first block (vLLM's convention, applied to both sides). ``*_num_blocks``
+    bound the block ids when given.
+
+    Raises :class:`~kvoffload.errors.TransferError` if the ids are malformed or
+    out of range, a skip does not fit, the counts cannot be matched, or a
+    destination row would be written twice. Postcondition: ``src`` and ``dst``
+    have equal length, ``dst`` has no repeats, every row lies inside the
+    named blocks.
+    """
+    if src_factor < 1 or dst_factor < 1:
+        raise TransferError(f"block-size factors must be >= 1, got {src_factor}, {dst_factor}")
+    src_ids = _check_ids("source", np.asarray(src_block_ids), src_num_blocks)
+    dst_ids = _check_ids("destination", np.asarray(dst_block_ids), dst_num_blocks)
+
+    s_first, s_last = src_skip if src_skip is not None else (0, 0)
+    d_first, d_last = dst_skip if dst_skip is not None else (0, 0)
+    # Explicit skips first: their errors say more than a count mismatch would.
+    _check_skips("source", src_ids.size, src_factor, s_first, s_last)
+    _check_skips("destination", dst_ids.size, dst_factor, d_first, d_last)
+    n_src = src_ids.size * src_factor - s_first - s_last
+    n_dst = dst_ids.size * dst_factor - d_first - d_last
+    surplus = n_src - n_dst
+    if surplus > 0 and src_skip is None and surplus < src_factor:
+        s_first = surplus
+    elif surplus < 0 and dst_skip is None and -surplus < dst_factor:
+        d_first = -surplus
+    elif surplus != 0:
+        raise TransferError(
+            f"cannot pair {src_ids.size} source blocks x{src_factor} "
+            f"(skip {s_first}+{s_last}) with {dst_ids.size} destination blocks "
+            f"x{dst_factor} (skip {d_first}+{d_last}): {n_src} != {n_dst} sub-blocks"
+        )
+    # The implicit skip is < factor by construction and leaves at least one
+    # row of the first block; the assert guards that reasoning.
+    assert 0 <= s_first < src_factor and 0 <= d_first < dst_factor
+
+    # Writing one destination row twice would leave it holding whichever copy
+    # happened to land last; it is always a caller bug, so refuse it.
+    if dst_ids.size > 1 and np.unique(dst_ids).size != dst_ids.size:
+        raise TransferError("destination block ids contain repeats")
+
+    src = expand_block_ids(src_ids, src_factor, s_first, s_last)
+    dst = expand_block_ids(dst_ids, dst_factor, d_first, d_last)
+    if src.size == 0:
+        runs = np.empty((0, 3), dtype=np.int64)
+    else:
+        brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+        starts = np.concatenate(([0], brk))
+        lengths = np.diff(np.concatenate((starts, [src.size])))
+        runs = np.stack((src[starts], dst[starts], lengths), axis=1).astype(np.int64)
+    return CopyPlan(src=src, dst=dst, runs=runs)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferPlan:
+    """A validated job: its direction and the row pairing (GPU rows on one
+    side, CPU-mirror rows on the other)."""
+
+    direction: Direction
+    copy: CopyPlan
+
+
+def _cpu_skip(spec: LoadStoreSpec) -> tuple[int, int] | None:
+    if isinstance(spec, PartialCPULoadStoreSpec):
+        return (spec.skip_first, spec.skip_last)
+    return None
+
+
+def plan_transfer(
+    spec: tuple[LoadStoreSpec, LoadStoreSpec],
+    factor: int,
+    *,
+    num_gpu_blocks: int | None = None,
+    num_cpu_blocks: int | None = None,
+) -> TransferPlan:
+    """Validate a ``(src, dst)`` spec pair and plan its rows.
+
+    ``(GPULoadStoreSpec, CPULoadStoreSpec)`` is a store, the reverse a load;
+    anything else raises :class:`~kvoffload.errors.TransferError`, as does
+    every condition :func:`plan_copy` refuses. CPU rows index the mirror whose
+    block dimension is ``num_cpu_blocks * factor``.
+    """
+    src, dst = spec
+    if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
+        plan = plan_copy(
+            src.block_ids,
+            1,
+            dst.block_ids,
+            factor,
+            src_skip=(0, 0),
+            dst_skip=_cpu_skip(dst),
+            src_num_blocks=num_gpu_blocks,
+            dst_num_blocks=num_cpu_blocks,
+        )
+        return TransferPlan("store", plan)
+    if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
+        plan = plan_copy(
+            src.block_ids,
+            factor,
+            dst.block_ids,
+            1,
+            src_skip=_cpu_skip(src),
+            dst_skip=(0, 0),
+            src_num_blocks=num_cpu_blocks,
+            dst_num_blocks=num_gpu_blocks,
+        )
+        return TransferPlan("load", plan)
+    raise TransferError(
+        f"unsupported spec pair {type(src).__name__} -> {type(dst).__name__}; "
+        "expected GPULoadStoreSpec -> CPULoadStoreSpec (store) or the reverse (load)"
+    )

@@ -1,0 +1,276 @@
+"""Properties of the block-mapping math, checked against plain-loop references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvoffload.abstract import LoadStoreSpec
+from kvoffload.errors import TransferError
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.block_map import (
+    PartialCPULoadStoreSpec,
+    consecutive_runs,
+    expand_block_ids,
+    plan_copy,
+    plan_transfer,
+)
+
+
+def ref_rows(
+    block_ids: list[int], factor: int, skip_first: int = 0, skip_last: int = 0
+) -> list[int]:
+    rows = [b * factor + j for b in block_ids for j in range(factor)]
+    return rows[skip_first : len(rows) - skip_last]
+
+
+def vllm_store_rows(n_gpu: int, cpu_ids: list[int], factor: int) -> list[int]:
+    """vLLM 0.11.2's store mapping: skip ``-N % factor`` rows at the start of
+    the destination, and assert the counts then match."""
+    skip = -n_gpu % factor
+    assert n_gpu == len(cpu_ids) * factor - skip
+    return ref_rows(cpu_ids, factor, skip)
+
+
+def vllm_load_rows(cpu_ids: list[int], n_gpu: int, factor: int) -> list[int]:
+    """vLLM 0.11.2's load mapping: the GPU side has factor 1, so nothing is
+    ever skipped and the counts must match exactly (defect 7)."""
+    assert len(cpu_ids) * factor == n_gpu
+    return ref_rows(cpu_ids, factor)
+
+
+@st.composite
+def jobs(draw: st.DrawFn, *, aligned_only: bool = False) -> tuple[list[int], list[int], int]:
+    """(gpu ids, cpu ids, factor) with counts vLLM's convention accepts."""
+    factor = draw(st.integers(1, 5))
+    m = draw(st.integers(0, 6))
+    lo = m * factor if aligned_only or m == 0 else m * factor - factor + 1
+    n = draw(st.integers(lo, m * factor))
+    gpu = draw(st.lists(st.integers(0, 63), min_size=n, max_size=n, unique=True))
+    cpu = draw(st.lists(st.integers(0, 15), min_size=m, max_size=m, unique=True))
+    return gpu, cpu, factor
+
+
+def arr(ids: list[int]) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int64)
+
+
+@given(st.lists(st.integers(0, 100), max_size=12), st.integers(1, 6), st.data())
+def test_expand_block_ids_matches_loop(ids: list[int], factor: int, data: st.DataObject) -> None:
+    total = len(ids) * factor
+    first = data.draw(st.integers(0, total))
+    last = data.draw(st.integers(0, total - first))
+    got = expand_block_ids(arr(ids), factor, first, last)
+    assert got.dtype == np.int64
+    assert got.tolist() == ref_rows(ids, factor, first, last)
+
+
+def test_expand_block_ids_docstring_example() -> None:
+    assert expand_block_ids(arr([0, 1, 3]), 4, 1).tolist() == [1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
+
+
+@given(st.lists(st.integers(0, 30), max_size=30))
+def test_consecutive_runs_cover_and_are_maximal(values: list[int]) -> None:
+    idx = arr(values)
+    runs = consecutive_runs(idx)
+    assert int(runs[:, 1].sum()) == len(values)
+    rebuilt: list[int] = []
+    for p, k in runs.tolist():
+        assert k >= 1
+        assert idx[p : p + k].tolist() == list(range(values[p], values[p] + k))
+        rebuilt.extend(values[p : p + k])
+        end = p + k
+        if end < len(values):
+            assert values[end] != values[end - 1] + 1  # maximal
+    assert rebuilt == values
+
+
+@given(jobs())
+def test_plan_transfer_store_matches_vllm(job: tuple[list[int], list[int], int]) -> None:
+    gpu, cpu, factor = job
+    plan = plan_transfer((GPULoadStoreSpec(gpu), CPULoadStoreSpec(cpu)), factor)
+    assert plan.direction == "store"
+    assert plan.copy.src.tolist() == gpu
+    assert plan.copy.dst.tolist() == vllm_store_rows(len(gpu), cpu, factor)
+
+
+@given(jobs())
+def test_plan_transfer_load_skips_head_of_first_cpu_block(
+    job: tuple[list[int], list[int], int],
+) -> None:
+    gpu, cpu, factor = job
+    plan = plan_transfer((CPULoadStoreSpec(cpu), GPULoadStoreSpec(gpu)), factor)
+    assert plan.direction == "load"
+    assert plan.copy.src.tolist() == ref_rows(cpu, factor, len(cpu) * factor - len(gpu))
+    assert plan.copy.dst.tolist() == gpu
+
+
+@given(jobs(aligned_only=True))
+def test_plan_transfer_load_matches_vllm_when_aligned(
+    job: tuple[list[int], list[int], int],
+) -> None:
+    gpu, cpu, factor = job
+    plan = plan_transfer((CPULoadStoreSpec(cpu), GPULoadStoreSpec(gpu)), factor)
+    assert plan.copy.src.tolist() == vllm_load_rows(cpu, len(gpu), factor)
+
+
+def test_plan_transfer_load_from_middle_of_block_defect7() -> None:
+    # The GPU prefix hit ends one GPU block into CPU block 4: the load needs
+    # the last two sub-blocks of block 4 and all of block 9. vLLM asserts.
+    with pytest.raises(AssertionError):
+        vllm_load_rows([4, 9], 5, 3)
+    plan = plan_transfer((CPULoadStoreSpec([4, 9]), GPULoadStoreSpec([7, 1, 2, 8, 0])), 3)
+    assert plan.copy.src.tolist() == [13, 14, 27, 28, 29]
+    assert plan.copy.dst.tolist() == [7, 1, 2, 8, 0]
+
+
+@given(jobs(), st.sampled_from(["store", "load"]))
+def test_plan_copy_runs_rebuild_the_pairs(
+    job: tuple[list[int], list[int], int], direction: str
+) -> None:
+    gpu, cpu, factor = job
+    spec: tuple[LoadStoreSpec, LoadStoreSpec] = (
+        (GPULoadStoreSpec(gpu), CPULoadStoreSpec(cpu))
+        if direction == "store"
+        else (CPULoadStoreSpec(cpu), GPULoadStoreSpec(gpu))
+    )
+    plan = plan_transfer(spec, factor).copy
+    src: list[int] = []
+    dst: list[int] = []
+    for s, d, k in plan.runs.tolist():
+        src.extend(range(s, s + k))
+        dst.extend(range(d, d + k))
+    assert src == plan.src.tolist()
+    assert dst == plan.dst.tolist()
+    # maximal: consecutive runs never continue each other on both sides
+    for (s0, d0, k0), (s1, d1, _) in zip(plan.runs.tolist(), plan.runs.tolist()[1:], strict=False):
+        assert not (s1 == s0 + k0 and d1 == d0 + k0)
+    assert len(set(plan.dst.tolist())) == plan.num_rows
+
+
+@given(jobs(), st.integers(1, 7))
+def test_plan_transfer_rejects_counts_outside_the_window(
+    job: tuple[list[int], list[int], int], extra: int
+) -> None:
+    gpu, cpu, factor = job
+    too_many = [*gpu, *range(100, 100 + extra)]
+    if len(cpu) * factor - len(too_many) >= 0:
+        return  # still fits; other examples cover it
+    with pytest.raises(TransferError, match="cannot pair"):
+        plan_transfer((GPULoadStoreSpec(too_many), CPULoadStoreSpec(cpu)), factor)
+    with pytest.raises(TransferError, match="cannot pair"):
+        plan_transfer((CPULoadStoreSpec(cpu), GPULoadStoreSpec(too_many)), factor)
+
+
+@settings(max_examples=50)
+@given(st.integers(2, 5), st.integers(1, 4), st.data())
+def test_plan_transfer_partial_spec_ends_inside_a_block(
+    factor: int, m: int, data: st.DataObject
+) -> None:
+    first = data.draw(st.integers(0, factor - 1))
+    last_max = factor - 1 if m > 1 else factor - 1 - first
+    last = data.draw(st.integers(0, last_max))
+    cpu = data.draw(st.lists(st.integers(0, 20), min_size=m, max_size=m, unique=True))
+    n = m * factor - first - last
+    gpu = list(range(n))
+    partial = PartialCPULoadStoreSpec(cpu, skip_first=first, skip_last=last)
+    load = plan_transfer((partial, GPULoadStoreSpec(gpu)), factor).copy
+    assert load.src.tolist() == ref_rows(cpu, factor, first, last)
+    store = plan_transfer((GPULoadStoreSpec(gpu), partial), factor).copy
+    assert store.dst.tolist() == ref_rows(cpu, factor, first, last)
+
+
+@pytest.mark.parametrize(
+    ("ids", "first", "last", "message"),
+    [
+        ([1], 2, 1, "leaves none"),
+        ([1, 2], 3, 0, r"must each lie in \[0, 3\)"),
+        ([1, 2], 0, -1, r"must each lie in \[0, 3\)"),
+        ([], 1, 0, "has no blocks"),
+    ],
+)
+def test_plan_transfer_rejects_bad_partial_skips(
+    ids: list[int], first: int, last: int, message: str
+) -> None:
+    spec = PartialCPULoadStoreSpec(ids, skip_first=first, skip_last=last)
+    n = max(0, len(ids) * 3 - first - last)
+    with pytest.raises(TransferError, match=message):
+        plan_transfer((spec, GPULoadStoreSpec(range(n))), 3)
+
+
+def test_plan_transfer_partial_with_zero_skips_disables_implicit_skip() -> None:
+    spec = PartialCPULoadStoreSpec([0, 1])
+    with pytest.raises(TransferError, match="cannot pair"):
+        plan_transfer((spec, GPULoadStoreSpec([0, 1, 2, 3, 4])), 3)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "cpu", "message"),
+    [
+        ([0, 64], [0], "out of range"),
+        ([-1, 0], [0], "out of range"),
+        ([0, 1], [16], "out of range"),
+        ([0, 1], [-2], "out of range"),
+    ],
+)
+def test_plan_transfer_rejects_out_of_range_ids(
+    gpu: list[int], cpu: list[int], message: str
+) -> None:
+    with pytest.raises(TransferError, match=message):
+        plan_transfer(
+            (GPULoadStoreSpec(gpu), CPULoadStoreSpec(cpu)), 2, num_gpu_blocks=64, num_cpu_blocks=16
+        )
+
+
+def test_plan_transfer_rejects_repeated_destination_blocks() -> None:
+    with pytest.raises(TransferError, match="repeats"):
+        plan_transfer((CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([3, 3])), 1)
+    with pytest.raises(TransferError, match="repeats"):
+        plan_transfer((GPULoadStoreSpec([0, 1, 2, 3]), CPULoadStoreSpec([5, 5])), 2)
+    # repeated *sources* are fine: one block copied twice
+    plan = plan_transfer((CPULoadStoreSpec([2, 2]), GPULoadStoreSpec([0, 1])), 1)
+    assert plan.copy.src.tolist() == [2, 2]
+
+
+class _DiskSpec(LoadStoreSpec):
+    @staticmethod
+    def medium() -> str:
+        return "DISK"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        (GPULoadStoreSpec([0]), GPULoadStoreSpec([1])),
+        (CPULoadStoreSpec([0]), CPULoadStoreSpec([1])),
+        (_DiskSpec(), GPULoadStoreSpec([1])),
+    ],
+)
+def test_plan_transfer_rejects_unsupported_spec_pairs(
+    spec: tuple[LoadStoreSpec, LoadStoreSpec],
+) -> None:
+    with pytest.raises(TransferError, match="unsupported spec pair"):
+        plan_transfer(spec, 2)
+
+
+def test_plan_copy_rejects_non_1d_ids() -> None:
+    with pytest.raises(TransferError, match="1-D integer"):
+        plan_copy(np.zeros((2, 2), dtype=np.int64), 1, np.arange(4), 1)
+    with pytest.raises(TransferError, match="1-D integer"):
+        plan_copy(np.array([0.5]), 1, np.arange(1), 1)
+
+
+def test_plan_copy_empty_job_has_no_rows() -> None:
+    plan = plan_transfer((GPULoadStoreSpec([]), CPULoadStoreSpec([])), 4)
+    assert plan.copy.num_rows == 0
+    assert plan.copy.runs.shape == (0, 3)
+
+
+def test_plan_copy_does_not_alias_read_only_spec_arrays() -> None:
+    ids = np.arange(4, dtype=np.int64)
+    ids.setflags(write=False)
+    plan = plan_copy(ids, 1, np.arange(4, 8), 1)
+    assert plan.src.flags.writeable
+    assert not np.shares_memory(plan.src, ids)
