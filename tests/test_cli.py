@@ -1,0 +1,184 @@
+"""The ``kvoffload`` command line: replay output, errors, and the serve hand-over."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from kvoffload.cli import main
+from kvoffload.policies import available_policies
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO / ".." / "shared" / "data" / "traces"
+CONVERSATION = str(TRACES / "mooncake_conversation_trace.jsonl")
+SYNTHETIC = str(TRACES / "mooncake_synthetic_trace.jsonl")
+
+
+def kvoffload(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a separate process, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvoffload.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the CLI in this process: (exit status, stdout, stderr)."""
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse exits on usage errors and --help
+        status = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_cli_replay_prints_a_table() -> None:
+    done = kvoffload(
+        "replay", CONVERSATION, SYNTHETIC, "--policy", "lru,arc", "--capacity", "5%,100",
+        "--limit", "400",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no progress bar when stderr is not a terminal
+    header, *rows = done.stdout.splitlines()
+    assert header.split() == [
+        "trace", "policy", "capacity", "cap", "%", "prefix", "hit", "belady", "hit",
+        "block", "ops/s", "evictions",
+    ]  # fmt: skip
+    assert len(rows) == 2 * 2 * 2
+    first = rows[0].split()
+    assert first[:3] == ["mooncake_conversation_trace.jsonl", "lru", first[2]]
+    assert [r.split()[1] for r in rows[:4]] == ["lru", "arc", "lru", "arc"]
+    assert [r.split()[2] for r in rows[:4]][2:] == ["100", "100"]
+    for row in rows:
+        prefix, belady = float(row.split()[4]), float(row.split()[5])
+        assert 0.0 <= prefix <= belady <= 1.0
+
+
+def test_cli_replay_json_has_every_field() -> None:
+    done = kvoffload("replay", SYNTHETIC, "--capacity", "10%", "--limit", "500", "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    (trace,) = document["traces"]
+    assert trace["trace"] == "mooncake_synthetic_trace.jsonl"
+    assert trace["requests"] == 500
+    assert trace["capacities"] == [trace["unique_blocks"] // 10]
+    runs = document["runs"]
+    assert [run["policy"] for run in runs] == list(available_policies())  # default: all
+    for run in runs:
+        assert set(run) == {
+            "trace", "policy", "capacity_blocks", "capacity_percent", "requests",
+            "block_accesses", "hit_blocks", "prefix_hit_ratio", "belady_hit_blocks",
+            "belady_hit_ratio", "evictions", "rejected_stores", "block_ops",
+            "block_ops_per_second", "wall_seconds",
+        }  # fmt: skip
+        assert run["capacity_blocks"] == trace["capacities"][0]
+        assert run["prefix_hit_ratio"] == run["hit_blocks"] / run["block_accesses"]
+        assert run["hit_blocks"] <= run["belady_hit_blocks"]
+        assert run["block_ops"] > 0 and run["wall_seconds"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["replay", "missing.jsonl"],
+            "kvoffload replay: error: trace file not found: missing.jsonl",
+        ),
+        ([], "kvoffload: error: the following arguments are required: COMMAND"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(args: list[str], expected: str) -> None:
+    done = kvoffload(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert expected in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["replay", SYNTHETIC, "--capacity", "abc"], "neither a block count"),
+        (["replay", SYNTHETIC, "--capacity", "150%"], "capacity '150%' must be at most 100%"),
+        (["replay", SYNTHETIC, "--capacity", "0"], "at least 1 block"),
+        (["replay", SYNTHETIC, "--capacity=-5%"], "must be positive"),
+        (["replay", SYNTHETIC, "--capacity", "5%,,10%"], "empty item in capacity list"),
+        (
+            ["replay", SYNTHETIC, "--policy", "lfu"],
+            "unknown policy 'lfu'; valid policies: arc, lru",
+        ),
+        (["replay", SYNTHETIC, "--limit", "0"], "argument --limit: expected a positive integer"),
+        (["replay", SYNTHETIC, "--trace-block-size", "x"], "--trace-block-size"),
+        (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
+        (["replay"], "the following arguments are required: TRACE"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_cli_bad_arguments_give_one_line(
+    args: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_main(args, capsys)
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1
+    assert expected in err
+
+
+def test_cli_malformed_trace_names_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1}\n')
+    status, out, err = run_main(["replay", str(trace)], capsys)
+    assert (status, out) == (2, "")
+    assert err == f"kvoffload replay: error: {trace}: line 1: missing field 'hash_ids'\n"
+
+
+def test_cli_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    done = kvoffload("replay", "--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: kvoffload replay")
+    assert "--capacity" in done.stdout and "--trace-block-size" in done.stdout
+    status, out, _ = run_main(["--help"], capsys)
+    assert status == 0
+    assert out.startswith("usage: kvoffload") and "replay" in out and "serve" in out
+
+
+def test_cli_serve_without_the_service_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "app", None)  # makes "import app.main" fail
+    status, out, err = run_main(["serve", "--port", "9000"], capsys)
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1
+    assert "kvoffload serve: error: the service is not installed" in err
+    status, out, err = run_main(["serve", "--help"], capsys)
+    assert status == 0 and out.startswith("usage: kvoffload serve") and err == ""
+
+
+def test_cli_serve_hands_its_arguments_to_the_service(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[list[str]] = []
+    app = types.ModuleType("app")
+    app_main = types.ModuleType("app.main")
+
+    def run(argv: list[str]) -> int:
+        seen.append(argv)
+        return 3
+
+    app_main.run = run  # type: ignore[attr-defined]
+    app.main = app_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "app", app)
+    monkeypatch.setitem(sys.modules, "app.main", app_main)
+    status, _, _ = run_main(["serve", "--port", "9000", "--help"], capsys)
+    assert status == 3
+    assert seen == [["--port", "9000", "--help"]]  # the service parses its own flags
