@@ -1,0 +1,42 @@
+"""Dependencies of the routes, as ``Annotated`` aliases.
+
+``ReadAccess`` / ``AdminAccess`` guard a route; ``ServiceDep`` / ``EngineDep``
+hand it what the lifespan built.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.auth import require_admin, require_read
+from app.errors import ApiError
+from app.settings import Settings
+from app.state import ServiceState
+from kvoffload.runtime import Engine
+
+__all__ = ["AdminAccess", "EngineDep", "ReadAccess", "ServiceDep", "SettingsDep"]
+
+
+def get_service(request: Request) -> ServiceState:
+    service: ServiceState | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError(503, "not_ready", "the service is starting or stopping; retry shortly")
+    return service
+
+
+def get_engine(service: Annotated[ServiceState, Depends(get_service)]) -> Engine:
+    return service.engine
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+ServiceDep = Annotated[ServiceState, Depends(get_service)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ReadAccess = Annotated[None, Depends(require_read)]
+AdminAccess = Annotated[None, Depends(require_admin)]

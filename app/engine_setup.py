@@ -1,0 +1,55 @@
+"""From :class:`~app.settings.Settings` to a configured, not yet started engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from app.settings import Settings
+from kvoffload.runtime import Engine, EngineConfig, EngineObserver
+from kvoffload.runtime.trace import load_mooncake_trace
+from kvoffload.runtime.workloads import Workload, loop
+
+__all__ = ["BUILTIN_WORKLOAD", "build_engine", "engine_config", "load_workload"]
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_WORKLOAD = "builtin"
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    """The engine configuration the settings describe (raises
+    :class:`~kvoffload.errors.ConfigError` when they do not fit together)."""
+    return EngineConfig(
+        policy=settings.policy,
+        num_cpu_blocks=settings.capacity,
+        num_gpu_blocks=settings.gpu_blocks,
+        gpu_block_size=settings.gpu_block_size,
+        offloaded_block_size=settings.offloaded_block_size,
+        num_layers=settings.num_layers,
+        num_kv_heads=settings.num_kv_heads,
+        head_size=settings.head_size,
+        dtype=settings.dtype,
+        kv_layout=settings.kv_layout,
+        device=settings.device,
+        max_requests_per_step=settings.max_requests_per_step,
+        event_log_capacity=settings.event_ring_size,
+        speed=settings.speed or None,
+        inject_failure_rate=settings.inject_failure_rate,
+        seed=settings.seed,
+    )
+
+
+def load_workload(settings: Settings) -> Workload | None:
+    """``None`` for the built-in synthetic workload (the engine builds it, looped
+    endlessly); otherwise the trace, looped when ``settings.loop``. Raises
+    :class:`~kvoffload.runtime.workloads.WorkloadError` naming the file, line
+    and field of a bad trace."""
+    if settings.workload.strip().lower() == BUILTIN_WORKLOAD:
+        return None
+    trace = load_mooncake_trace(settings.workload, trace_block_size=settings.trace_block_size)
+    return loop(trace) if settings.loop else trace
+
+
+def build_engine(settings: Settings, observers: Sequence[EngineObserver] = ()) -> Engine:
+    return Engine(engine_config(settings), load_workload(settings), observers)

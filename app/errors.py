@@ -1,0 +1,213 @@
+"""One error shape for every failure: ``{"error": {"code": ..., "message": ...}}``.
+
+``code`` is stable and meant for programs; ``message`` says what was wrong and
+what is allowed. Routes raise :class:`ApiError`; the handlers registered by
+:func:`install_error_handlers` turn it, FastAPI's validation errors, Starlette's
+HTTP errors and anything unexpected into that shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = [
+    "ApiError",
+    "ErrorBody",
+    "ErrorInfo",
+    "ValidationIssue",
+    "error_responses",
+    "install_error_handlers",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class ValidationIssue(BaseModel):
+    """One problem found in the request."""
+
+    loc: list[str | int] = Field(description="where: location then field path")
+    msg: str
+    type: str
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    code: str = Field(description="stable machine-readable code", examples=["unknown_policy"])
+    message: str = Field(description="what was wrong and what is allowed")
+    issues: list[ValidationIssue] | None = Field(
+        None, description="each invalid field (validation errors only)"
+    )
+    valid_policies: list[str] | None = Field(None, description="on unknown_policy")
+    current_version: int | None = Field(None, description="on version_conflict")
+    expected_version: int | None = Field(None, description="on version_conflict")
+
+
+class ErrorBody(BaseModel):
+    """The body of every non-2xx answer."""
+
+    error: ErrorInfo
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status``, a stable ``code``, a ``message`` and
+    optional extra fields for the ``error`` object."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers) if headers else None
+        self.extra = extra
+
+
+def error_json(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return JSONResponse(
+        {"error": jsonable_encoder(body)}, status_code=status, headers=dict(headers or {})
+    )
+
+
+_DESCRIPTIONS: dict[int, str] = {
+    400: "The request is well-formed but not allowed as sent",
+    401: "Missing, malformed or unknown bearer token",
+    403: "The token lacks the scope, or the route is disabled",
+    404: "No such resource",
+    409: "The policy version changed since it was read",
+    422: "The request failed validation; `issues` or the message say which field and why",
+    503: "The engine is not running",
+    504: "The engine did not apply the command in time",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for the given error statuses."""
+    return {
+        status: {"model": ErrorBody, "description": _DESCRIPTIONS.get(status, "Error")}
+        for status in statuses
+    }
+
+
+_STATUS_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+def _issue_text(issue: Mapping[str, Any]) -> str:
+    loc = ".".join(str(part) for part in issue.get("loc", ()))
+    return f"{loc}: {issue.get('msg', 'invalid')}" if loc else str(issue.get("msg", "invalid"))
+
+
+def _issues(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    out = []
+    for raw in errors:
+        issue = raw if isinstance(raw, Mapping) else {}
+        out.append(
+            {
+                "loc": [p if isinstance(p, int) else str(p) for p in issue.get("loc", ())],
+                "msg": str(issue.get("msg", "invalid")),
+                "type": str(issue.get("type", "value_error")),
+            }
+        )
+    return out
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_json(exc.status, exc.code, exc.message, headers=exc.headers, **exc.extra)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    issues = _issues(exc.errors())
+    if any(i["type"] == "json_invalid" for i in issues):
+        code, summary = "malformed_json", "the request body is not valid JSON"
+    else:
+        code, summary = "invalid_request", "the request does not match the API schema"
+    detail = "; ".join(_issue_text(i) for i in issues[:5])
+    if len(issues) > 5:
+        detail += f"; and {len(issues) - 5} more"
+    return error_json(422, code, f"{summary}: {detail}" if detail else summary, issues=issues)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    code = _STATUS_CODES.get(status, "http_error" if status < 500 else "internal_error")
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else ""
+    if status == 404:
+        message = f"no route {request.url.path!r}; see /docs for the routes"
+    elif status == 405:
+        # Starlette names only the first route that matched the path; list them all.
+        allowed = ", ".join(_allowed_methods(request))
+        headers = {**(exc.headers or {}), "Allow": allowed}
+        message = f"{request.method} is not allowed on {request.url.path!r}; allowed: {allowed}"
+        return error_json(status, code, message, headers=headers)
+    else:
+        message = detail or phrase
+    return error_json(status, code, message, headers=exc.headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    routes: list[APIRoute] = getattr(request.app.state, "api_routes", [])
+    for route in routes:
+        if route.path_regex.match(request.url.path):
+            methods.update(route.methods or ())
+    return sorted(methods)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_json(
+        500,
+        "internal_error",
+        "the service failed to handle this request; the error is in its log",
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,96 @@
+"""The flags of ``kvoffload serve``, one per :class:`~app.settings.Settings`
+field (tokens excepted), each naming its environment variable.
+
+A flag given on the command line wins over the environment; values are
+validated by the settings model, so both spellings fail the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.settings import ENV_PREFIX, Settings
+
+__all__ = ["ENV_ONLY", "build_parser", "describe_errors", "env_name", "flag_name", "parse_settings"]
+
+#: secrets stay out of argv, where every process listing shows them
+ENV_ONLY = frozenset({"admin_token", "read_token"})
+
+_EPILOG = f"""\
+Every flag has an environment variable (shown in its help); a flag wins over its variable.
+
+Tokens are read from the environment only, never from flags:
+  {ENV_PREFIX}ADMIN_TOKEN  bearer token for state-changing routes; unset = those routes are
+                          disabled and the service may only listen on loopback
+  {ENV_PREFIX}READ_TOKEN   bearer token for read routes; unset = reads are open
+Telemetry export is configured with the standard OTEL_* variables (nothing is exported
+when no OTLP endpoint is set).
+"""
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def build_parser(prog: str = "kvoffload serve") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run the kvoffload engine and its admin API (REST, SSE, /metrics).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    for name, field in Settings.model_fields.items():
+        if name in ENV_ONLY:
+            continue
+        default = field.default
+        help_text = f"{field.description} [env {env_name(name)}; default: {default}]"
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if field.annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            choices = _literal_choices(field.annotation)
+            if choices:
+                kwargs["choices"] = choices
+            else:
+                kwargs["metavar"] = name.upper()
+        parser.add_argument(flag_name(name), **kwargs)
+    return parser
+
+
+def _literal_choices(annotation: Any) -> list[str] | None:
+    if typing.get_origin(annotation) is typing.Literal:
+        return [str(a) for a in typing.get_args(annotation)]
+    return None
+
+
+def parse_settings(argv: Sequence[str] | None) -> Settings:
+    """Settings from the environment, overridden by ``argv``. argparse errors
+    exit (status 2); invalid values raise :class:`~pydantic.ValidationError`."""
+    namespace = build_parser().parse_args(list(argv) if argv is not None else None)
+    return Settings(**vars(namespace))
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One line per invalid setting, naming the flag and the variable."""
+    lines = []
+    for error in exc.errors():
+        loc = error.get("loc", ())
+        field = str(loc[0]) if loc else ""
+        if field in Settings.model_fields:
+            where = (
+                env_name(field) if field in ENV_ONLY else f"{flag_name(field)} / {env_name(field)}"
+            )
+        else:
+            where = "settings"
+        message = str(error.get("msg", "invalid value"))
+        lines.append(f"{where}: {message.removeprefix('Value error, ')}")
+    return lines

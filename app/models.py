@@ -1,0 +1,375 @@
+"""Request and response bodies of the admin API.
+
+Response models are built from the engine's immutable snapshots by the
+``from_*`` constructors; request models reject unknown fields so that a typo
+is an error, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvoffload.event_log import EventKind, EventLogStats, EventRecord
+from kvoffload.policies import available_policies
+from kvoffload.runtime.commands import CommandResult
+from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
+from kvoffload.stats import ManagerCounters
+
+__all__ = [
+    "MAX_EVENTS_LIMIT",
+    "ARCState",
+    "BlockCounts",
+    "CacheCounters",
+    "CacheView",
+    "CommandView",
+    "DrainRequest",
+    "DrainResult",
+    "EventLogView",
+    "EventPageView",
+    "EventView",
+    "HealthView",
+    "PolicySwitchRequest",
+    "PolicySwitchResult",
+    "PolicyValidateRequest",
+    "PolicyValidation",
+    "PolicyView",
+    "ResetRequest",
+    "RuntimeCounters",
+]
+
+#: the most events one read, drain or page returns
+MAX_EVENTS_LIMIT = 10_000
+#: the highest cursor or version a client may send (keeps numbers in int64)
+MAX_SEQ = 2**62
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+class BlockCounts(_Response):
+    """Offloaded (CPU) blocks by state; ``used + free == capacity``."""
+
+    capacity: int = Field(description="blocks the CPU tier holds")
+    used: int = Field(description="blocks holding data or a store in flight")
+    free: int
+    pinned: int = Field(description="resident blocks being loaded (ref_cnt > 0)")
+    in_flight: int = Field(description="blocks whose store is in flight (ref_cnt = -1)")
+
+
+class ARCState(_Response):
+    """ARC's four lists (blocks) and its adaptive target for T1."""
+
+    t1: int = Field(description="recent: seen once")
+    t2: int = Field(description="frequent: seen at least twice")
+    b1: int = Field(description="ghosts evicted from T1")
+    b2: int = Field(description="ghosts evicted from T2")
+    target_t1_size: float
+
+
+class CacheCounters(_Response):
+    """Monotonic manager counters since start (a policy switch keeps them)."""
+
+    lookups: int
+    lookup_blocks: int
+    hit_blocks: int
+    load_blocks: int
+    load_completed_blocks: int
+    touches: int
+    store_prepared_blocks: int
+    store_blocks: dict[str, int] = Field(
+        description="blocks by outcome: stored, skipped_present, failed, rejected_no_room"
+    )
+    rejected_stores: int
+    evictions: dict[str, int] = Field(description="evicted blocks by the list they left")
+    ghost_hits: dict[str, int] = Field(description="touches that hit a ghost list, by list")
+    policy_switches: int
+
+    @classmethod
+    def from_counters(cls, c: ManagerCounters) -> CacheCounters:
+        return cls(
+            lookups=c.lookups,
+            lookup_blocks=c.lookup_blocks,
+            hit_blocks=c.hit_blocks,
+            load_blocks=c.load_blocks,
+            load_completed_blocks=c.load_completed_blocks,
+            touches=c.touches,
+            store_prepared_blocks=c.store_prepared_blocks,
+            store_blocks=dict(c.store_blocks),
+            rejected_stores=c.rejected_stores,
+            evictions=dict(c.evictions),
+            ghost_hits=dict(c.ghost_hits),
+            policy_switches=c.policy_switches,
+        )
+
+
+class RuntimeCounters(_Response):
+    """Monotonic counters of the serving loop since start (reset keeps them)."""
+
+    steps: int
+    requests: int
+    prompt_tokens: int
+    gpu_hit_tokens: int
+    cpu_hit_tokens: int
+    computed_tokens: int
+    load_jobs: int
+    store_jobs: int
+    failed_jobs: int
+    loaded_blocks: int
+    stored_blocks: int
+    loaded_bytes: int
+    stored_bytes: int
+    verify_failures: int = Field(description="loads whose bytes differed from the store; stays 0")
+    step_seconds_total: float
+    last_step_seconds: float
+
+    @classmethod
+    def from_stats(cls, r: RuntimeStats) -> RuntimeCounters:
+        return cls(
+            steps=r.steps,
+            requests=r.requests,
+            prompt_tokens=r.prompt_tokens,
+            gpu_hit_tokens=r.gpu_hit_tokens,
+            cpu_hit_tokens=r.cpu_hit_tokens,
+            computed_tokens=r.computed_tokens,
+            load_jobs=r.load_jobs,
+            store_jobs=r.store_jobs,
+            failed_jobs=r.failed_jobs,
+            loaded_blocks=r.loaded_blocks,
+            stored_blocks=r.stored_blocks,
+            loaded_bytes=r.loaded_bytes,
+            stored_bytes=r.stored_bytes,
+            verify_failures=r.verify_failures,
+            step_seconds_total=r.step_seconds_total,
+            last_step_seconds=r.last_step_seconds,
+        )
+
+
+class EventLogView(_Response):
+    appended: int
+    dropped: int = Field(description="records that fell off the ring unread")
+    drained: int
+    buffered: int
+    capacity: int
+    last_seq: int
+
+    @classmethod
+    def from_stats(cls, s: EventLogStats) -> EventLogView:
+        return cls(
+            appended=s.appended,
+            dropped=s.dropped,
+            drained=s.drained,
+            buffered=s.buffered,
+            capacity=s.capacity,
+            last_seq=s.last_seq,
+        )
+
+
+class CacheView(_Response):
+    """The cache at one instant: every field comes from the same snapshot."""
+
+    policy: str
+    policy_version: int
+    state: EngineState = Field(description="engine state: running, paused, finished...")
+    step: int = Field(description="engine steps completed when the snapshot was taken")
+    timestamp: float = Field(description="when the snapshot was taken (Unix seconds)")
+    workload: str
+    block_size: int = Field(description="tokens per offloaded block")
+    medium: str
+    blocks: BlockCounts
+    lists: dict[str, int] = Field(description="sizes of the policy's lists")
+    arc: ARCState | None = Field(description="T1/T2/B1/B2 and target; null unless ARC")
+    hit_ratio: float = Field(
+        ge=0.0, le=1.0, description="blocks hit / blocks looked up, since start"
+    )
+    counters: CacheCounters
+    runtime: RuntimeCounters
+    events: EventLogView | None
+
+    @classmethod
+    def from_snapshot(cls, snap: EngineSnapshot) -> CacheView:
+        m = snap.manager
+        lists = dict(m.lists)
+        target = m.target_t1_size
+        arc = None
+        if target is not None:
+            arc = ARCState(
+                t1=lists.get("t1", 0),
+                t2=lists.get("t2", 0),
+                b1=lists.get("b1", 0),
+                b2=lists.get("b2", 0),
+                target_t1_size=target,
+            )
+        return cls(
+            policy=m.policy,
+            policy_version=snap.policy_version,
+            state=snap.state,
+            step=snap.step,
+            timestamp=snap.timestamp,
+            workload=snap.workload,
+            block_size=m.block_size,
+            medium=m.medium,
+            blocks=BlockCounts(
+                capacity=m.capacity,
+                used=m.used,
+                free=m.free,
+                pinned=m.pinned,
+                in_flight=m.in_flight,
+            ),
+            lists=lists,
+            arc=arc,
+            hit_ratio=m.hit_ratio,
+            counters=CacheCounters.from_counters(m.counters),
+            runtime=RuntimeCounters.from_stats(snap.runtime),
+            events=EventLogView.from_stats(m.events) if m.events is not None else None,
+        )
+
+
+class ResetRequest(_Request):
+    """Reset evicts every resident block that is not in use; say you mean it."""
+
+    confirm: bool = Field(
+        description="must be true: reset drops the cached blocks",
+        json_schema_extra={"const": True},
+    )
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def _policy_enum(schema: dict[str, Any]) -> None:
+    # Read when the OpenAPI document is built, so policies registered by then are listed.
+    schema["properties"]["policy"]["enum"] = list(available_policies())
+
+
+class PolicyView(_Response):
+    policy: str
+    version: int = Field(
+        description="bumped by every applied switch; send it back as expected_version"
+    )
+    available: list[str]
+
+
+class PolicySwitchRequest(_Request):
+    """Switch the eviction policy. Resident blocks migrate; nothing is flushed."""
+
+    model_config = ConfigDict(json_schema_extra=_policy_enum)
+
+    policy: str = Field(max_length=64, examples=["arc"])
+    expected_version: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_SEQ,
+        description="apply only if the policy version is still this one (else 409)",
+    )
+
+
+class PolicyValidateRequest(PolicySwitchRequest):
+    """The same body as a switch; nothing is applied."""
+
+    model_config = ConfigDict(json_schema_extra=_policy_enum)
+
+
+class PolicySwitchResult(_Response):
+    policy: str
+    previous_policy: str | None
+    version: int
+    applied_at_step: int = Field(description="engine steps completed when the switch took effect")
+
+
+class PolicyValidation(_Response):
+    valid: Literal[True]
+    policy: str
+    current_policy: str
+    current_version: int
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class CommandView(_Response):
+    """What an applied command did and when."""
+
+    kind: Literal["switch_policy", "pause", "resume", "reset"]
+    applied_at_step: int
+    state: EngineState = Field(description="engine state right after the command")
+    policy: str
+    policy_version: int
+    detail: dict[str, str]
+
+    @classmethod
+    def from_result(cls, result: CommandResult, state: EngineState) -> CommandView:
+        return cls(
+            kind=result.kind,
+            applied_at_step=result.applied_at_step,
+            state=state,
+            policy=result.policy,
+            policy_version=result.policy_version,
+            detail=dict(result.detail),
+        )
+
+
+# --------------------------------------------------------------------------- events
+
+
+class EventView(_Response):
+    seq: int
+    timestamp: float
+    kind: EventKind
+    block_hashes: list[str] = Field(description="hex-encoded block hashes")
+    block_size: int
+    medium: str
+    detail: dict[str, str]
+
+    @classmethod
+    def from_record(cls, r: EventRecord) -> EventView:
+        return cls(
+            seq=r.seq,
+            timestamp=r.timestamp,
+            kind=r.kind,
+            block_hashes=[bytes(h).hex() for h in r.block_hashes],
+            block_size=r.block_size,
+            medium=r.medium,
+            detail=dict(r.detail),
+        )
+
+
+class EventPageView(_Response):
+    events: list[EventView]
+    missed: int = Field(
+        description="records after the cursor that are gone (fell off the ring or were drained)"
+    )
+    next_after_seq: int = Field(description="pass as after_seq to continue")
+    last_seq: int = Field(description="newest seq ever appended")
+
+
+class DrainRequest(_Request):
+    limit: int = Field(
+        MAX_EVENTS_LIMIT,
+        ge=1,
+        le=MAX_EVENTS_LIMIT,
+        description=f"remove at most this many oldest records (at most {MAX_EVENTS_LIMIT})",
+    )
+
+
+class DrainResult(_Response):
+    events: list[EventView] = Field(description="the removed records, oldest first")
+    remaining: int = Field(description="records still buffered")
+
+
+# --------------------------------------------------------------------------- health
+
+
+class HealthView(_Response):
+    status: Literal["ok", "unavailable"]
+    state: EngineState | None = None
+    detail: str | None = None

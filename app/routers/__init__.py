@@ -1,0 +1,1 @@
+"""One router per concern; :func:`app.main.create_app` includes them all."""

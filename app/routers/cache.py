@@ -1,0 +1,51 @@
+"""The cache as a whole: one consistent view, and the guarded reset."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.commands import apply
+from app.deps import AdminAccess, ReadAccess, ServiceDep
+from app.errors import ApiError, error_responses
+from app.models import CacheView, CommandView, ResetRequest
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["cache"])
+
+
+@router.get(
+    "/cache",
+    response_model=CacheView,
+    summary="Policy, block counts, ARC lists, counters and hit ratio from one snapshot",
+    responses=error_responses(401),
+)
+async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
+    # Handlers only read the snapshot the engine published: no lock is shared
+    # with the engine loop, and equal snapshots are served from one encoding.
+    snap = service.engine.snapshot()
+    body = service.cache_body.get(snap)
+    if body is None:
+        body = CacheView.from_snapshot(snap).model_dump_json().encode()
+        service.cache_body.put(snap, body)
+    return Response(body, media_type="application/json")
+
+
+@router.post(
+    "/cache:reset",
+    response_model=CommandView,
+    summary="Evict every resident block not in use and forget ARC's ghosts",
+    description='Destructive: the body must be `{"confirm": true}`. Pinned blocks and '
+    "stores in flight are kept; counters continue.",
+    responses=error_responses(401, 403, 422, 503, 504),
+)
+async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -> CommandView:
+    if body.confirm is not True:
+        raise ApiError(
+            422,
+            "confirmation_required",
+            'reset drops every cached block that is not in use; send {"confirm": true} to do it',
+        )
+    engine = service.engine
+    result, snap = await apply(engine, engine.reset, timeout=service.settings.command_timeout)
+    return CommandView.from_result(result, snap.state)

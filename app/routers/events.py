@@ -1,0 +1,170 @@
+"""The event log: read after a cursor, drain, or tail live over SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Query
+from fastapi.responses import StreamingResponse
+
+from app.deps import AdminAccess, ReadAccess, ServiceDep
+from app.errors import error_responses
+from app.models import (
+    MAX_EVENTS_LIMIT,
+    MAX_SEQ,
+    DrainRequest,
+    DrainResult,
+    EventPageView,
+    EventView,
+)
+from app.state import ServiceState
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+#: how often a live stream looks for new records
+_POLL_SECONDS = 0.05
+#: records per poll of a live stream
+_STREAM_BATCH = 500
+
+AfterSeq = Annotated[
+    int,
+    Query(
+        ge=0, le=MAX_SEQ, description="return records with seq > after_seq (0 = from the oldest)"
+    ),
+]
+
+
+@router.get(
+    "/events",
+    response_model=EventPageView,
+    summary="Read events after a cursor (non-destructive)",
+    description="Records are returned oldest first. When the cursor fell off the ring "
+    "(or records were drained), `missed` says how many are gone. Continue with "
+    "`after_seq=next_after_seq`.",
+    responses=error_responses(401, 422),
+)
+async def read_events(
+    _: ReadAccess,
+    service: ServiceDep,
+    after_seq: AfterSeq = 0,
+    limit: Annotated[
+        int,
+        Query(ge=1, le=MAX_EVENTS_LIMIT, description=f"at most {MAX_EVENTS_LIMIT}"),
+    ] = 1000,
+) -> EventPageView:
+    log = service.engine.event_log
+    page = log.read(after_seq, limit)
+    return EventPageView(
+        events=[EventView.from_record(r) for r in page.records],
+        missed=page.missed,
+        next_after_seq=page.next_after_seq,
+        last_seq=log.last_seq,
+    )
+
+
+@router.post(
+    "/events:drain",
+    response_model=DrainResult,
+    summary="Remove and return the oldest events (destructive)",
+    description=f"Without a body, drains up to {MAX_EVENTS_LIMIT} records. Readers whose "
+    "cursor pointed at drained records are told they missed them.",
+    responses=error_responses(401, 403, 422),
+)
+async def drain_events(
+    _: AdminAccess,
+    service: ServiceDep,
+    body: Annotated[DrainRequest | None, Body()] = None,
+) -> DrainResult:
+    log = service.engine.event_log
+    limit = body.limit if body is not None else MAX_EVENTS_LIMIT
+    records = log.drain(limit)
+    return DrainResult(events=[EventView.from_record(r) for r in records], remaining=len(log))
+
+
+@router.get(
+    "/events/stream",
+    summary="Live tail of the event log (server-sent events)",
+    description="Each record is an SSE event: `id` = seq, `event` = kind, `data` = the "
+    "record as JSON. Reconnect with `Last-Event-ID` to resume after the last record "
+    "seen (it overrides `after_seq`). Records lost in between come as one `missed` "
+    "event. Comment lines are heartbeats. The stream ends after `limit` records, when "
+    "the client goes away, or when the service shuts down.",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        **error_responses(401, 422),
+    },
+)
+async def stream_events(
+    _: ReadAccess,
+    service: ServiceDep,
+    after_seq: AfterSeq = 0,
+    limit: Annotated[
+        int | None,
+        Query(ge=1, le=MAX_SEQ, description="end the stream after this many records"),
+    ] = None,
+    last_event_id: Annotated[
+        int | None,
+        Header(
+            alias="Last-Event-ID",
+            ge=0,
+            le=MAX_SEQ,
+            description="the seq of the last record received; resume after it",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    cursor = last_event_id if last_event_id is not None else after_seq
+    return StreamingResponse(
+        _sse(service, cursor, limit),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _record_event(view: EventView) -> str:
+    return f"id: {view.seq}\nevent: {view.kind}\ndata: {view.model_dump_json()}\n\n"
+
+
+async def _sse(service: ServiceState, cursor: int, limit: int | None) -> AsyncIterator[str]:
+    engine = service.engine
+    log = engine.event_log
+    heartbeat = service.settings.sse_heartbeat
+    remaining = limit
+    yield "retry: 2000\n\n"
+    if cursor > log.last_seq:
+        # A cursor from an earlier run of the service: its records are gone.
+        yield f": cursor {cursor} is ahead of the log (last seq {log.last_seq}); starting there\n\n"
+        cursor = log.last_seq
+    last_write = time.monotonic()
+    while remaining is None or remaining > 0:
+        stopped = service.stopping.is_set() or engine.state == "stopped"
+        chunk: list[str] = []
+        if log.last_seq > cursor:
+            batch = _STREAM_BATCH if remaining is None else min(_STREAM_BATCH, remaining)
+            page = log.read(cursor, batch)
+            if page.missed:
+                chunk.append(
+                    f'event: missed\ndata: {{"missed": {page.missed}, "after_seq": {cursor}}}\n\n'
+                )
+            for record in page.records:
+                chunk.append(_record_event(EventView.from_record(record)))
+            cursor = page.next_after_seq
+            if remaining is not None:
+                remaining -= len(page.records)
+        now = time.monotonic()
+        if chunk:
+            yield "".join(chunk)
+            last_write = now
+        elif now - last_write >= heartbeat:
+            yield ": heartbeat\n\n"
+            last_write = now
+        if stopped and (service.stopping.is_set() or log.last_seq <= cursor):
+            # Shutting down: end now. Engine stopped: end once caught up.
+            return
+        if not chunk or log.last_seq <= cursor:
+            await asyncio.sleep(_POLL_SECONDS)

@@ -1,0 +1,40 @@
+"""Pausing and resuming the engine loop."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.commands import apply
+from app.deps import AdminAccess, ServiceDep
+from app.errors import error_responses
+from app.models import CommandView
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["runtime"])
+
+_RESPONSES = error_responses(401, 403, 503, 504)
+
+
+@router.post(
+    "/runtime:pause",
+    response_model=CommandView,
+    summary="Pause the engine between steps (in-flight jobs finish); idempotent",
+    responses=_RESPONSES,
+)
+async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
+    engine = service.engine
+    result, snap = await apply(engine, engine.pause, timeout=service.settings.command_timeout)
+    return CommandView.from_result(result, snap.state)
+
+
+@router.post(
+    "/runtime:resume",
+    response_model=CommandView,
+    summary="Resume a paused engine; idempotent",
+    responses=_RESPONSES,
+)
+async def resume(_: AdminAccess, service: ServiceDep) -> CommandView:
+    engine = service.engine
+    result, snap = await apply(engine, engine.resume, timeout=service.settings.command_timeout)
+    return CommandView.from_result(result, snap.state)

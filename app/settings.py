@@ -1,0 +1,182 @@
+"""Service settings: ``KVOFFLOAD_*`` environment variables, overridden by the
+flags of ``kvoffload serve`` (see :mod:`app.cli_args`).
+
+Tokens are read from the environment only: a flag would show them in every
+process listing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kvoffload.policies import available_policies
+
+__all__ = ["ENV_PREFIX", "LogLevel", "Settings", "is_loopback"]
+
+ENV_PREFIX = "KVOFFLOAD_"
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    """Everything ``kvoffload serve`` can be told. Field descriptions double as
+    the ``--help`` text."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        hide_input_in_errors=True,
+    )
+
+    # -- network -------------------------------------------------------------
+    host: str = Field(
+        default="127.0.0.1",
+        description="interface to bind; anything but loopback needs an admin token",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on")
+
+    # -- cache and engine ----------------------------------------------------
+    policy: str = Field(default="lru", description="eviction policy at start (lru or arc)")
+    capacity: PositiveInt = Field(
+        default=2048, description="CPU tier capacity in offloaded blocks (num_cpu_blocks)"
+    )
+    gpu_blocks: PositiveInt = Field(default=512, description="blocks of the simulated GPU KV cache")
+    gpu_block_size: PositiveInt = Field(default=16, description="tokens per GPU block")
+    offloaded_block_size: PositiveInt = Field(
+        default=64, description="tokens per offloaded (CPU) block; a multiple of --gpu-block-size"
+    )
+    num_layers: PositiveInt = Field(default=2, description="layers of the simulated KV tensors")
+    num_kv_heads: PositiveInt = Field(default=2, description="KV heads of the simulated KV tensors")
+    head_size: PositiveInt = Field(default=16, description="head size of the simulated KV tensors")
+    dtype: Literal["float16", "bfloat16", "float32"] = Field(
+        default="float16", description="dtype of the KV tensors"
+    )
+    kv_layout: Literal["kv_first", "blocks_first"] = Field(
+        default="kv_first", description="KV tensor layout: (2, blocks, ...) or (blocks, 2, ...)"
+    )
+    device: str = Field(
+        default="auto", description="device of the 'GPU' side: auto, cpu or cuda[:N]"
+    )
+    max_requests_per_step: PositiveInt = Field(
+        default=4, description="requests scheduled per engine step"
+    )
+    inject_failure_rate: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of transfer jobs failed on purpose (chaos)",
+    )
+
+    # -- workload ------------------------------------------------------------
+    workload: str = Field(
+        default="builtin",
+        description="'builtin' (seeded synthetic chats, documents, one-offs) or a Mooncake JSONL trace path",
+    )
+    speed: float = Field(
+        default=0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="pacing factor on the workload's timestamps; 0 = as fast as possible",
+    )
+    loop: bool = Field(default=True, description="replay a trace again when it ends")
+    trace_block_size: PositiveInt = Field(
+        default=512, description="tokens per hash_ids entry of the trace (512 in Mooncake's)"
+    )
+    seed: int = Field(default=0, ge=0, description="seed of the built-in workload")
+    event_ring_size: PositiveInt = Field(
+        default=10_000, description="records the event log keeps before the oldest fall off"
+    )
+
+    # -- auth ------------------------------------------------------------------
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token for state-changing routes (unset: they are disabled)",
+    )
+    read_token: SecretStr | None = Field(
+        default=None, description="bearer token for read routes (unset: reads are open)"
+    )
+
+    # -- service behaviour -------------------------------------------------------
+    log_level: LogLevel = Field(default="info", description="log level of the service")
+    command_timeout: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=600.0,
+        description="seconds to wait for the engine to apply a command before answering 504",
+    )
+    stop_timeout: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds the engine gets at shutdown to finish in-flight jobs",
+    )
+    sse_heartbeat: float = Field(
+        default=15.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds between heartbeat comments on an idle event stream",
+    )
+
+    @field_validator("admin_token", "read_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        if isinstance(value, SecretStr) and not value.get_secret_value().strip():
+            return None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _lower_policy(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        valid = available_policies()
+        if value not in valid:
+            raise ValueError(
+                f"unknown eviction policy {value!r}; valid policies: {', '.join(valid)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _exposed_only_with_admin_token(self) -> Settings:
+        if self.admin_token is None and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to bind {self.host!r} without an admin token: with no "
+                f"{ENV_PREFIX}ADMIN_TOKEN the service only listens on loopback "
+                "(127.0.0.1, ::1, localhost); set the token or use --host 127.0.0.1"
+            )
+        return self
+
+    @property
+    def reads_open(self) -> bool:
+        return self.read_token is None
+
+    @property
+    def admin_enabled(self) -> bool:
+        return self.admin_token is not None

@@ -1,0 +1,285 @@
+"""Every route of the admin API through the real app (lifespan, engine, registry)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+
+from kvoffload.policies import available_policies
+
+
+def wait_for(client: TestClient, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
+    """Poll /v1/cache until ``predicate(view)`` holds; returns that view."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view: dict[str, Any] = client.get("/v1/cache", headers=READ_HEADERS).json()
+        if predicate(view):
+            return view
+        assert time.monotonic() < deadline, f"condition not met; last view {view}"
+        time.sleep(0.01)
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def test_cache_view_is_one_consistent_snapshot(client: TestClient) -> None:
+    view = wait_for(client, lambda v: v["runtime"]["steps"] > 5)
+    blocks = view["blocks"]
+    assert blocks["capacity"] == 32
+    assert blocks["used"] + blocks["free"] == blocks["capacity"]
+    assert view["policy"] == "lru"
+    assert view["policy_version"] == 1
+    assert view["state"] == "running"
+    assert view["arc"] is None
+    assert view["lists"] == {"lru": blocks["used"]}
+    assert 0.0 <= view["hit_ratio"] <= 1.0
+    assert view["workload"].startswith("synthetic")
+    assert view["runtime"]["verify_failures"] == 0
+    assert view["events"]["capacity"] == 10_000
+    counters = view["counters"]
+    assert counters["lookup_blocks"] >= counters["hit_blocks"]
+
+
+def test_cache_view_shows_arc_lists_and_target(make_client: ClientFactory) -> None:
+    client = make_client(policy="arc")
+    view = wait_for(client, lambda v: v["blocks"]["used"] > 0)
+    arc = view["arc"]
+    assert arc is not None
+    assert set(arc) == {"t1", "t2", "b1", "b2", "target_t1_size"}
+    assert arc["t1"] + arc["t2"] == view["blocks"]["used"] or view["blocks"]["in_flight"]
+    assert arc["target_t1_size"] >= 0
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def test_get_policy_lists_available(client: TestClient) -> None:
+    body = client.get("/v1/policy", headers=READ_HEADERS).json()
+    assert body == {"policy": "lru", "version": 1, "available": list(available_policies())}
+
+
+def test_put_policy_switches_and_reports_step(client: TestClient) -> None:
+    before = client.get("/v1/cache", headers=READ_HEADERS).json()["step"]
+    r = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "arc"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["policy"] == "arc"
+    assert body["previous_policy"] == "lru"
+    assert body["version"] == 2
+    assert body["applied_at_step"] >= before
+    assert client.get("/v1/policy", headers=READ_HEADERS).json()["version"] == 2
+    view = client.get("/v1/cache", headers=READ_HEADERS).json()
+    assert view["policy"] == "arc"
+    assert view["arc"] is not None
+
+
+def test_put_policy_with_stale_version_is_409_naming_current(client: TestClient) -> None:
+    ok = client.put(
+        "/v1/policy", headers=ADMIN_HEADERS, json={"policy": "arc", "expected_version": 1}
+    )
+    assert ok.status_code == 200
+    stale = client.put(
+        "/v1/policy", headers=ADMIN_HEADERS, json={"policy": "lru", "expected_version": 1}
+    )
+    error = assert_error(stale, 409, "version_conflict")
+    assert error["current_version"] == 2
+    assert error["expected_version"] == 1
+    assert "2" in error["message"]
+    assert client.get("/v1/policy", headers=READ_HEADERS).json()["policy"] == "arc"
+
+
+def test_put_unknown_policy_is_422_listing_valid_ones(client: TestClient) -> None:
+    r = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "fifo"})
+    error = assert_error(r, 422, "unknown_policy")
+    assert error["valid_policies"] == list(available_policies())
+    for name in available_policies():
+        assert name in error["message"]
+
+
+def test_validate_is_a_dry_run(client: TestClient) -> None:
+    r = client.post("/v1/policy:validate", headers=READ_HEADERS, json={"policy": "arc"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "valid": True,
+        "policy": "arc",
+        "current_policy": "lru",
+        "current_version": 1,
+    }
+    assert client.get("/v1/policy", headers=READ_HEADERS).json()["version"] == 1
+    bad = client.post("/v1/policy:validate", headers=READ_HEADERS, json={"policy": "mru"})
+    assert assert_error(bad, 422, "unknown_policy")["valid_policies"] == list(available_policies())
+    stale = client.post(
+        "/v1/policy:validate", headers=READ_HEADERS, json={"policy": "arc", "expected_version": 7}
+    )
+    assert assert_error(stale, 409, "version_conflict")["current_version"] == 1
+
+
+def test_colon_routes_do_not_collide_with_plain_ones(client: TestClient) -> None:
+    # "/v1/policy:validate" must reach the validate route, not 405 from "/v1/policy".
+    assert (
+        client.post("/v1/policy:validate", json={"policy": "lru"}, headers=READ_HEADERS).status_code
+        == 200
+    )
+    assert_error(
+        client.post("/v1/policy", headers=ADMIN_HEADERS, json={}), 405, "method_not_allowed"
+    )
+    assert_error(client.get("/v1/policy:validate", headers=READ_HEADERS), 405, "method_not_allowed")
+    assert_error(client.post("/v1/policy:nope", headers=ADMIN_HEADERS), 404, "not_found")
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+def test_pause_and_resume(client: TestClient) -> None:
+    r = client.post("/v1/runtime:pause", headers=ADMIN_HEADERS)
+    assert r.status_code == 200, r.text
+    assert r.json()["kind"] == "pause"
+    assert r.json()["state"] == "paused"
+    step = client.get("/v1/cache", headers=READ_HEADERS).json()["step"]
+    time.sleep(0.1)
+    view = client.get("/v1/cache", headers=READ_HEADERS).json()
+    assert view["state"] == "paused"
+    assert view["step"] == step
+    # idempotent
+    assert client.post("/v1/runtime:pause", headers=ADMIN_HEADERS).json()["state"] == "paused"
+    r = client.post("/v1/runtime:resume", headers=ADMIN_HEADERS)
+    assert r.status_code == 200
+    assert r.json()["state"] == "running"
+    wait_for(client, lambda v: v["step"] > step)
+
+
+def test_reset_needs_confirmation(client: TestClient) -> None:
+    wait_for(client, lambda v: v["blocks"]["used"] > 0)
+    missing = client.post("/v1/cache:reset", headers=ADMIN_HEADERS, json={})
+    assert_error(missing, 422, "invalid_request")
+    no_body = client.post("/v1/cache:reset", headers=ADMIN_HEADERS)
+    assert_error(no_body, 422, "invalid_request")
+    refused = client.post("/v1/cache:reset", headers=ADMIN_HEADERS, json={"confirm": False})
+    error = assert_error(refused, 422, "confirmation_required")
+    assert '"confirm": true' in error["message"]
+
+
+def test_reset_with_confirmation_evicts(client: TestClient) -> None:
+    wait_for(client, lambda v: v["blocks"]["used"] > 0)
+    client.post("/v1/runtime:pause", headers=ADMIN_HEADERS)
+    r = client.post("/v1/cache:reset", headers=ADMIN_HEADERS, json={"confirm": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["kind"] == "reset"
+    view = client.get("/v1/cache", headers=READ_HEADERS).json()
+    # paused: only blocks pinned or in flight may survive the reset
+    assert view["blocks"]["used"] == view["blocks"]["pinned"] + view["blocks"]["in_flight"]
+    assert view["counters"]["lookups"] > 0  # counters survive
+
+
+# --------------------------------------------------------------------------- health, metrics
+
+
+def test_livez_and_readyz(client: TestClient) -> None:
+    assert client.get("/livez").json()["status"] == "ok"
+    r = client.get("/readyz")
+    assert r.status_code == 200
+    assert r.json()["state"] == "running"
+
+
+def test_readyz_is_503_when_engine_stopped(client: TestClient) -> None:
+    client.app.state.service.engine.stop(5.0)  # type: ignore[attr-defined]
+    r = client.get("/readyz")
+    assert r.status_code == 503
+    assert r.json()["state"] == "stopped"
+    # a command to a stopped engine is a clean 503, not a hang
+    assert_error(
+        client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "arc"}),
+        503,
+        "engine_stopped",
+    )
+
+
+def test_command_timeout_is_504(make_client: ClientFactory) -> None:
+    client = make_client(command_timeout=1e-6)
+    service = client.app.state.service  # type: ignore[attr-defined]
+    service.engine.pause().result(5.0)
+    # paused, the engine polls its queue every 0.5 s: a microsecond is too short
+    assert_error(client.post("/v1/runtime:resume", headers=ADMIN_HEADERS), 504, "engine_timeout")
+
+
+def test_metrics_come_from_the_apps_own_registry(make_client: ClientFactory) -> None:
+    from prometheus_client import REGISTRY
+
+    a = make_client()
+    b = make_client(policy="arc")
+    text_a = a.get("/metrics", headers=READ_HEADERS).text
+    text_b = b.get("/metrics", headers=READ_HEADERS).text
+    assert 'kvoffload_policy_info{policy="lru"} 1.0' in text_a
+    assert 'kvoffload_policy_info{policy="arc"} 1.0' in text_b
+    assert "kvoffload_transfer_jobs_total" in text_a
+    assert a.get("/metrics", headers=READ_HEADERS).headers["content-type"].startswith("text/plain")
+    assert REGISTRY.get_sample_value("kvoffload_policy_info", {"policy": "lru"}) is None
+
+
+def test_openapi_and_docs(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
+    for path in (
+        "/v1/cache",
+        "/v1/cache:reset",
+        "/v1/policy",
+        "/v1/policy:validate",
+        "/v1/events",
+        "/v1/events:drain",
+        "/v1/events/stream",
+        "/v1/runtime:pause",
+        "/v1/runtime:resume",
+        "/livez",
+        "/readyz",
+        "/metrics",
+    ):
+        assert path in paths, path
+    put = paths["/v1/policy"]["put"]
+    assert {"409", "422", "401", "403"} <= set(put["responses"])
+    assert client.get("/docs").status_code == 200
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_errors_are_json_and_4xx(client: TestClient) -> None:
+    malformed = client.put(
+        "/v1/policy",
+        headers={**ADMIN_HEADERS, "content-type": "application/json"},
+        content=b'{"policy": ',
+    )
+    assert_error(malformed, 422, "malformed_json")
+    wrong_type = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": 3})
+    assert_error(wrong_type, 422, "invalid_request")
+    extra = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "lru", "force": True})
+    assert_error(extra, 422, "invalid_request")
+    negative = client.put(
+        "/v1/policy", headers=ADMIN_HEADERS, json={"policy": "lru", "expected_version": -1}
+    )
+    assert_error(negative, 422, "invalid_request")
+    huge = client.put(
+        "/v1/policy", headers=ADMIN_HEADERS, json={"policy": "lru", "expected_version": 10**30}
+    )
+    assert_error(huge, 422, "invalid_request")
+    too_many = client.get("/v1/events?limit=10001", headers=READ_HEADERS)
+    error = assert_error(too_many, 422, "invalid_request")
+    assert "10000" in error["message"]
+    assert error["issues"][0]["loc"] == ["query", "limit"]
+    not_int = client.get("/v1/events?after_seq=abc", headers=READ_HEADERS)
+    assert_error(not_int, 422, "invalid_request")
+    assert_error(client.get("/v1/nothing"), 404, "not_found")
+    wrong_method = client.delete("/v1/policy", headers=ADMIN_HEADERS)
+    assert_error(wrong_method, 405, "method_not_allowed")
+    assert set(wrong_method.headers["allow"].split(", ")) == {"GET", "PUT"}
