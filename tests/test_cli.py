@@ -86,22 +86,11 @@ def test_cli_replay_json_has_every_field() -> None:
         assert run["block_ops"] > 0 and run["wall_seconds"] > 0
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (
-            ["replay", "missing.jsonl"],
-            "kvoffload replay: error: trace file not found: missing.jsonl",
-        ),
-        ([], "kvoffload: error: the following arguments are required: COMMAND"),
-    ],
-)
-def test_cli_errors_exit_2_with_one_line(args: list[str], expected: str) -> None:
-    done = kvoffload(*args)
+def test_cli_errors_exit_2_with_one_line() -> None:
+    done = kvoffload("replay", "missing.jsonl")
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.count("\n") == 1
-    assert expected in done.stderr
+    assert done.stderr == "kvoffload replay: error: trace file not found: missing.jsonl\n"
 
 
 @pytest.mark.parametrize(
@@ -121,6 +110,7 @@ def test_cli_errors_exit_2_with_one_line(args: list[str], expected: str) -> None
         (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
         (["replay"], "the following arguments are required: TRACE"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "kvoffload: error: the following arguments are required: COMMAND"),
     ],
 )
 def test_cli_bad_arguments_give_one_line(
