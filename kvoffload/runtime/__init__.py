@@ -1,9 +1,11 @@
 """The serving process: the engine loop that drives a manager and a transfer
 handler, and the workloads (trace replay, built-in synthetic) that feed it.
 
-Importing this package loads torch (the engine's KV tensors); ``import
-kvoffload`` alone does not.
+The engine needs torch; it is imported lazily so that the workload modules
+(and ``kvoffload replay``) load without it.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.runtime.commands import (
     Command,
@@ -11,9 +13,11 @@ from kvoffload.runtime.commands import (
     EngineStoppedError,
     VersionConflictError,
 )
-from kvoffload.runtime.engine import Engine, EngineConfig
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
 from kvoffload.runtime.snapshot import EngineSnapshot, RuntimeStats
+
+if TYPE_CHECKING:
+    from kvoffload.runtime.engine import Engine, EngineConfig
 
 __all__ = [
     "Command",
@@ -28,3 +32,11 @@ __all__ = [
     "TransferRecord",
     "VersionConflictError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Engine", "EngineConfig"):
+        from kvoffload.runtime import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
