@@ -138,11 +138,23 @@ class GPUKVStore:
         return len(self._free) + len(self._cached)
 
     def allocate(self, hashes: Sequence[BlockHash]) -> list[int]:
-        """Pinned blocks for ``hashes`` (not on the GPU yet), reusing the least
+        """Pinned blocks for ``hashes`` (past the prefix hit), reusing the least
         recently used cached blocks when no free ones are left. The caller
-        checks :meth:`available` first."""
+        checks :meth:`available` first.
+
+        A hash past the prefix hit may still own a block (a later block of a
+        chain whose earlier block was evicted): that block is reused, so no
+        hash ever owns two blocks (the second one would leak)."""
         ids = []
         for h in hashes:
+            bid = self._cached.pop(h, None)
+            if bid is None and h in self._pinned:
+                bid = self._pinned[h]
+            if bid is not None:
+                self._pinned[h] = bid
+                self._pins[bid] += 1
+                ids.append(bid)
+                continue
             if self._free:
                 bid = self._free.pop()
             else:
