@@ -350,7 +350,8 @@ class Engine:
 
     def run(self, max_steps: int | None = None) -> EngineSnapshot:
         """Run on the calling thread until the workload ends or ``max_steps``
-        steps were taken; finishes in-flight jobs and returns the snapshot."""
+        steps were taken (paced by ``config.speed``); finishes in-flight jobs
+        and returns the snapshot."""
         if self._state == "created":
             self._state = "running"
         done = 0
@@ -358,6 +359,11 @@ class Engine:
             self._apply_commands(block=False)
             if self._state == "paused":
                 break
+            wait = self._due_in()
+            if wait > 0:
+                # commands sent meanwhile (a pause) take effect before the step
+                self._apply_commands(block=True, timeout=wait)
+                continue
             if not self.step():
                 break
             done += 1
