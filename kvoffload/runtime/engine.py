@@ -229,6 +229,9 @@ class Engine:
                 "must divide one another"
             )
         self.workload = workload
+        # Described once: a trace's description scans every request, and a
+        # snapshot is taken after every step.
+        self._workload_description = workload.describe()
         self.observers = tuple(observers)
         self.kv = GPUKVStore(
             num_blocks=config.num_gpu_blocks,
@@ -290,7 +293,7 @@ class Engine:
 
     @property
     def workload_description(self) -> str:
-        return self.workload.describe()
+        return self._workload_description
 
     @property
     def state(self) -> EngineState:
@@ -725,7 +728,7 @@ class Engine:
             state=self._state,
             step=self._c.steps,
             policy_version=self._policy_version,
-            workload=self.workload.describe(),
+            workload=self._workload_description,
             manager=self.manager.stats(),
             runtime=self._c.freeze(),
             timestamp=time.time(),

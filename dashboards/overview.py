@@ -1,0 +1,430 @@
+"""The kvoffload overview dashboard: one screen from cache effectiveness down to events."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from grafana_foundation_sdk.builders import dashboard, stat, timeseries
+from grafana_foundation_sdk.models import dashboard as dashboard_model
+
+from dashboards.panels import (
+    PrometheusAnnotation,
+    Query,
+    datasource_variable,
+    increase,
+    label_variable,
+    mean,
+    quantile,
+    rate,
+    ratio,
+    series,
+    stat_panel,
+    timeseries_panel,
+    total,
+)
+
+UID = "kvoffload-overview"
+
+Panel = stat.Panel | timeseries.Panel
+
+
+def _headline() -> list[Panel]:
+    return [
+        stat_panel(
+            "Hit ratio",
+            "Share of looked-up blocks that were found in the offload tier, over the time range.",
+            "percentunit",
+            Query(
+                ratio(
+                    increase("kvoffload_lookup_hit_blocks_total"),
+                    increase("kvoffload_lookup_blocks_total"),
+                )
+            ),
+            decimals=1,
+        ),
+        stat_panel(
+            "Prompt tokens from CPU",
+            "Share of prompt tokens whose KV was loaded back from the CPU tier instead of being"
+            " recomputed, over the time range.",
+            "percentunit",
+            Query(
+                ratio(
+                    increase("kvoffload_runtime_prompt_tokens_total", outcome="cpu_hit"),
+                    increase("kvoffload_runtime_prompt_tokens_total"),
+                )
+            ),
+            decimals=1,
+        ),
+        stat_panel(
+            "Tier used",
+            "Resident blocks as a share of the offload tier's capacity, now.",
+            "percentunit",
+            Query(ratio(total("kvoffload_used_blocks"), total("kvoffload_capacity_blocks"))),
+            decimals=1,
+        ),
+        stat_panel(
+            "Policy",
+            "The eviction policy each instance runs now (switch it with PUT /v1/policy).",
+            "none",
+            Query(f"max by (policy) ({series('kvoffload_policy_info')})", "{{policy}}"),
+            show_name=True,
+        ),
+        stat_panel(
+            "Events dropped",
+            "Events the bounded event log discarded before anyone drained them, over the time"
+            " range. Expected when no consumer drains; with a consumer, it is falling behind.",
+            "count:events",
+            Query(increase("kvoffload_events_dropped_total")),
+            red_from=1,
+            decimals=0,
+        ),
+        stat_panel(
+            "Failed transfers",
+            "Transfer jobs (either direction) that failed over the time range; their stores were"
+            " rolled back.",
+            "count:jobs",
+            Query(increase("kvoffload_transfer_jobs_total", outcome="failed")),
+            red_from=1,
+            decimals=0,
+        ),
+        stat_panel(
+            "Engine",
+            "Engine loop state per instance: down (0), running (1) or paused (2), computed as"
+            " up * (1 + paused).",
+            "none",
+            Query(
+                f"min by (instance) ({series('kvoffload_runtime_up')})\n"
+                f"* (1 + max by (instance) ({series('kvoffload_runtime_paused')}))",
+                "{{instance}}",
+            ),
+            mappings={"0": ("down", "red"), "1": ("running", "green"), "2": ("paused", "orange")},
+        ),
+        stat_panel(
+            "Version",
+            "The kvoffload version each instance runs.",
+            "none",
+            Query(f"max by (version) ({series('kvoffload_build_info')})", "{{version}}"),
+            show_name=True,
+        ),
+    ]
+
+
+def _effectiveness() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Hit ratio",
+            "Share of looked-up blocks found in the offload tier, and share of prompt tokens"
+            " whose KV was loaded from the CPU tier, both computed from counter rates.",
+            "percentunit",
+            [
+                Query(
+                    ratio(
+                        rate("kvoffload_lookup_hit_blocks_total"),
+                        rate("kvoffload_lookup_blocks_total"),
+                    ),
+                    "lookup blocks",
+                ),
+                Query(
+                    ratio(
+                        rate("kvoffload_runtime_prompt_tokens_total", outcome="cpu_hit"),
+                        rate("kvoffload_runtime_prompt_tokens_total"),
+                    ),
+                    "prompt tokens from CPU",
+                ),
+            ],
+            min_value=0,
+            max_value=1,
+        ),
+        timeseries_panel(
+            "Prompt tokens by source",
+            "Where the KV of each prompt token came from: already on the GPU, loaded from the"
+            " CPU tier, or computed.",
+            "count:tokens/s",
+            [Query(rate("kvoffload_runtime_prompt_tokens_total", "outcome"), "{{outcome}}")],
+            stacked=True,
+        ),
+    ]
+
+
+def _operations() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Lookups",
+            "Calls to lookup(): each asks how long a prefix of blocks is offloaded.",
+            "count:lookups/s",
+            [Query(rate("kvoffload_lookups_total"), "lookups")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Block traffic",
+            "Blocks looked up, found, loaded back to the GPU, prepared for storing and touched.",
+            "count:blocks/s",
+            [
+                Query(rate("kvoffload_lookup_blocks_total"), "looked up"),
+                Query(rate("kvoffload_lookup_hit_blocks_total"), "hit"),
+                Query(rate("kvoffload_load_blocks_total"), "loaded"),
+                Query(rate("kvoffload_store_prepared_blocks_total"), "store prepared"),
+                Query(rate("kvoffload_touched_blocks_total"), "touched"),
+            ],
+            width=16,
+        ),
+        timeseries_panel(
+            "Stores by outcome",
+            "Blocks offered for storing: stored, skipped (already present), failed (transfer"
+            " error) or rejected for lack of evictable room.",
+            "count:blocks/s",
+            [Query(rate("kvoffload_store_blocks_total", "outcome"), "{{outcome}}")],
+            width=8,
+            stacked=True,
+        ),
+        timeseries_panel(
+            "Evictions by list",
+            "Blocks evicted to make room, by the policy list they were evicted from.",
+            "count:blocks/s",
+            [Query(rate("kvoffload_evictions_total", "list"), "{{list}}")],
+            width=8,
+            stacked=True,
+        ),
+        timeseries_panel(
+            "Failures and rejections",
+            "prepare_store() calls rejected for lack of room, failed transfer jobs by direction,"
+            " and loads whose bytes did not verify.",
+            "count:events/s",
+            [
+                Query(rate("kvoffload_store_rejections_total"), "store rejected"),
+                Query(
+                    rate("kvoffload_transfer_jobs_total", "direction", outcome="failed"),
+                    "{{direction}} job failed",
+                ),
+                Query(rate("kvoffload_runtime_verify_failures_total"), "verify failed"),
+            ],
+            width=8,
+        ),
+    ]
+
+
+def _occupancy() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Blocks by state",
+            "Offload-tier capacity and the blocks in it: used (resident), pinned (being loaded,"
+            " ref_cnt > 0) and in flight (store not complete, ref_cnt = -1).",
+            "count:blocks",
+            [
+                Query(total("kvoffload_capacity_blocks", "medium"), "{{medium}} capacity"),
+                Query(total("kvoffload_used_blocks", "medium"), "{{medium}} used"),
+                Query(total("kvoffload_pinned_blocks", "medium"), "{{medium}} pinned"),
+                Query(total("kvoffload_in_flight_blocks", "medium"), "{{medium}} in flight"),
+            ],
+        ),
+        timeseries_panel(
+            "Blocks per policy list",
+            "Resident blocks in each list of the active eviction policy.",
+            "count:blocks",
+            [Query(total("kvoffload_policy_list_blocks", "policy, list"), "{{policy}} {{list}}")],
+            stacked=True,
+        ),
+    ]
+
+
+def _arc() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "ARC lists and target",
+            "ARC's resident lists T1 (seen once) and T2 (seen again), its ghost lists B1/B2"
+            " (recently evicted hashes) and the adaptive target size of T1.",
+            "count:blocks",
+            [
+                Query(total("kvoffload_arc_list_blocks", "list"), "{{list}}"),
+                Query(total("kvoffload_arc_target_t1_blocks"), "target T1"),
+            ],
+        ),
+        timeseries_panel(
+            "Ghost hits",
+            "Touches that hit a ghost list: a B1 hit grows ARC's T1 target, a B2 hit shrinks it.",
+            "count:hits/s",
+            [Query(rate("kvoffload_ghost_hits_total", "list"), "{{list}}")],
+        ),
+    ]
+
+
+def _transfers() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Transfer throughput",
+            "Bytes copied per second by direction (store = GPU to CPU, load = CPU to GPU).",
+            "Bps",
+            [Query(rate("kvoffload_transfer_bytes_total", "direction"), "{{direction}}")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Transfer blocks",
+            "GPU-sized blocks copied per second by direction.",
+            "count:blocks/s",
+            [Query(rate("kvoffload_transfer_blocks_total", "direction"), "{{direction}}")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Transfer jobs",
+            "Transfer jobs finished per second, by direction and outcome.",
+            "count:jobs/s",
+            [
+                Query(
+                    rate("kvoffload_transfer_jobs_total", "direction, outcome"),
+                    "{{direction}} {{outcome}}",
+                )
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "Transfer latency",
+            "Time from submitting a transfer job to seeing it finished: median, p90 and p99 by"
+            " direction.",
+            "s",
+            [
+                Query(
+                    quantile(q, "kvoffload_transfer_duration_seconds", "direction"),
+                    f"{{{{direction}}}} p{round(q * 100)}",
+                )
+                for q in (0.5, 0.9, 0.99)
+            ],
+        ),
+        timeseries_panel(
+            "Transfer size",
+            "Bytes per transfer job: mean, median and p99 by direction.",
+            "bytes",
+            [
+                Query(mean("kvoffload_transfer_size_bytes", "direction"), "{{direction}} mean"),
+                Query(
+                    quantile(0.5, "kvoffload_transfer_size_bytes", "direction"),
+                    "{{direction}} p50",
+                ),
+                Query(
+                    quantile(0.99, "kvoffload_transfer_size_bytes", "direction"),
+                    "{{direction}} p99",
+                ),
+            ],
+        ),
+    ]
+
+
+def _engine() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Engine step time",
+            "Wall time of one engine step (touch, lookup, load, compute, store, poll): mean,"
+            " median, p90 and p99.",
+            "s",
+            [
+                Query(mean("kvoffload_runtime_step_duration_seconds"), "mean"),
+                *(
+                    Query(
+                        quantile(q, "kvoffload_runtime_step_duration_seconds"), f"p{round(q * 100)}"
+                    )
+                    for q in (0.5, 0.9, 0.99)
+                ),
+            ],
+        ),
+        timeseries_panel(
+            "Engine throughput",
+            "Engine steps run and requests served per second.",
+            "count:/s",
+            [
+                Query(rate("kvoffload_runtime_steps_total"), "steps"),
+                Query(rate("kvoffload_runtime_requests_total"), "requests"),
+            ],
+        ),
+    ]
+
+
+def _events() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Event flow",
+            "Offloading events appended to the event log, drained by consumers, and dropped"
+            " because the bounded log was full.",
+            "count:events/s",
+            [
+                Query(rate("kvoffload_events_appended_total"), "appended"),
+                Query(rate("kvoffload_events_drained_total"), "drained"),
+                Query(rate("kvoffload_events_dropped_total"), "dropped"),
+            ],
+        ),
+        timeseries_panel(
+            "Event backlog",
+            "Events buffered and not yet drained (the consumers' lag), against the log's"
+            " capacity; at capacity, new events push out the oldest.",
+            "count:events",
+            [
+                Query(total("kvoffload_events_buffered"), "buffered"),
+                Query(total("kvoffload_events_capacity"), "capacity"),
+            ],
+        ),
+    ]
+
+
+ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
+    ("Cache effectiveness", _effectiveness),
+    ("Manager operations", _operations),
+    ("Occupancy", _occupancy),
+    ("ARC internals", _arc),
+    ("Transfers", _transfers),
+    ("Engine", _engine),
+    ("Event pipeline", _events),
+)
+
+
+def policy_switch_annotation() -> PrometheusAnnotation:
+    """A mark wherever an instance's policy version changed, titled with the new policy."""
+    switched = f"changes({series('kvoffload_policy_version')}[1m]) > 0"
+    current = f"max by (job, instance, policy) ({series('kvoffload_policy_info')} == 1)"
+    return PrometheusAnnotation(
+        "Policy switches",
+        f"({switched})\n* on (job, instance) group_left (policy)\n{current}",
+        step="15s",
+        title_format="Policy switch",
+        text_format="{{instance}} now runs {{policy}}",
+        tag_keys="instance,policy",
+        icon_color="orange",
+    )
+
+
+def build() -> dashboard_model.Dashboard:
+    board = (
+        dashboard.Dashboard("kvoffload / Overview")
+        .uid(UID)
+        .description(
+            "KV-cache offloading: hit ratio, manager operations, tier occupancy, ARC internals,"
+            " GPU<->CPU transfers, the engine loop and the event pipeline."
+        )
+        .tags(["kvoffload"])
+        .editable()
+        .tooltip(dashboard_model.DashboardCursorSync.CROSSHAIR)
+        .time("now-30m", "now")
+        .refresh("10s")
+        .timezone("browser")
+        .with_variable(datasource_variable())
+        .with_variable(
+            label_variable(
+                "job", "Job", "label_values(kvoffload_build_info, job)", include_all=False
+            )
+        )
+        .with_variable(
+            label_variable(
+                "instance",
+                "Instance",
+                'label_values(kvoffload_build_info{job="$job"}, instance)',
+                include_all=True,
+            )
+        )
+        .annotation(policy_switch_annotation())
+    )
+    ids = itertools.count(1)
+    for panel in _headline():
+        board = board.with_panel(panel.id(next(ids)))
+    for title, panels in ROWS:
+        board = board.with_row(dashboard.Row(title).id(next(ids)))
+        for panel in panels():
+            board = board.with_panel(panel.id(next(ids)))
+    return board.build()

@@ -1,0 +1,227 @@
+"""A running ``kvoffload serve`` scraped every second by a real Prometheus.
+
+:func:`running_stack` starts the service on a free loopback port under LRU, starts
+Prometheus (the ``prometheus`` binary) on another with a temporary TSDB, waits for a
+few scrapes, switches the service to ARC through the admin API (so that ARC's series
+and a policy switch exist) and waits for a few more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dashboard_queries import GRAFANA_BUILTINS
+
+ADMIN_TOKEN = "dashboard-test-admin-token"
+JOB = "kvoffload-dashboard-test"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStack:
+    service_url: str
+    prometheus_url: str
+    job: str
+    #: host:port, as Prometheus labels the target
+    instance: str
+
+    def variables(self) -> dict[str, str]:
+        """Dashboard variables selecting this service, as Grafana would send them."""
+        # one value, used as a regex: its dots match themselves too
+        return {**GRAFANA_BUILTINS, "job": self.job, "instance": self.instance}
+
+    def query(self, expr: str) -> dict[str, Any]:
+        """Evaluate ``expr`` now through Prometheus's HTTP API; return the whole answer."""
+        return get_json(f"{self.prometheus_url}/api/v1/query", {"query": expr})
+
+    def samples(self, selector: str) -> int:
+        """Fewest samples any series of ``selector`` has over the last minute (0 if none)."""
+        answer = self.query(f"count_over_time({selector}[1m])")
+        result = answer["data"]["result"] if answer["status"] == "success" else []
+        return min((int(float(r["value"][1])) for r in result), default=0)
+
+
+def get_json(url: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+    if params:
+        url = f"{url}?{urllib.parse.urlencode(params)}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result: dict[str, Any] = json.load(response)
+    except urllib.error.HTTPError as exc:  # Prometheus explains a bad query in the body
+        result = json.load(exc)
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _wait_for(what: str, ready: Callable[[], bool], timeout: float, why: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"timed out after {timeout:.0f}s waiting for {what}\n{why()}", pytrace=False
+            )
+        time.sleep(0.25)
+
+
+class _Process:
+    """A child process serving HTTP at ``url``, writing to a log file."""
+
+    def __init__(
+        self, name: str, url: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.log = log
+        with log.open("wb") as out:
+            self.popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent
+            )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def describe(self) -> str:
+        state = "running" if self.alive() else f"exited with {self.popen.returncode}"
+        tail = self.log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        return f"--- {self.name} ({state}), last output:\n{tail}"
+
+    def stop(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def _start_service(workdir: Path) -> _Process:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "KVOFFLOAD_ADMIN_TOKEN": ADMIN_TOKEN,
+        "KVOFFLOAD_POLICY": "lru",
+        # a small tier fills within seconds, so that evictions and ghost hits happen
+        "KVOFFLOAD_CAPACITY": "96",
+        "KVOFFLOAD_DEVICE": "cpu",
+    }
+    env.pop("KVOFFLOAD_READ_TOKEN", None)  # Prometheus scrapes without a token
+    code = "import sys; from kvoffload.cli import main; sys.exit(main())"
+    argv = [sys.executable, "-c", code, "serve", "--host", "127.0.0.1", "--port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+    return _Process("kvoffload serve", url, argv, workdir / "kvoffload.log", env)
+
+
+def _start_prometheus(workdir: Path, target: str) -> _Process:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail(
+            "the prometheus binary is not installed: apt-get install prometheus"
+            " (.ci/run installs it)",
+            pytrace=False,
+        )
+    config = workdir / "prometheus.yml"
+    scrape = {"job_name": JOB, "static_configs": [{"targets": [target]}]}
+    global_ = {"scrape_interval": "1s", "scrape_timeout": "1s"}
+    config.write_text(json.dumps({"global": global_, "scrape_configs": [scrape]}))  # JSON is YAML
+    port = _free_port()
+    argv = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    url = f"http://127.0.0.1:{port}"
+    return _Process("prometheus", url, argv, workdir / "prometheus.log")
+
+
+def switch_policy(service_url: str, policy: str) -> None:
+    request = urllib.request.Request(
+        f"{service_url}/v1/policy",
+        data=json.dumps({"policy": policy}).encode(),
+        method="PUT",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=15) as response:
+        assert response.status == 200, response.read()
+
+
+@contextmanager
+def running_stack(workdir: Path) -> Iterator[LiveStack]:
+    with ExitStack() as cleanup:
+        service = _start_service(workdir)
+        cleanup.callback(service.stop)
+        _wait_for(
+            "kvoffload serve to be ready",
+            lambda: not service.alive() or _status(f"{service.url}/readyz") == 200,
+            60,
+            service.describe,
+        )
+        if not service.alive():
+            pytest.fail(f"kvoffload serve did not start\n{service.describe()}", pytrace=False)
+        instance = service.url.removeprefix("http://")
+
+        prometheus = _start_prometheus(workdir, instance)
+        cleanup.callback(prometheus.stop)
+        _wait_for(
+            "Prometheus to be ready",
+            lambda: not prometheus.alive() or _status(f"{prometheus.url}/-/ready") == 200,
+            60,
+            prometheus.describe,
+        )
+        if not prometheus.alive():
+            pytest.fail(f"Prometheus did not start\n{prometheus.describe()}", pytrace=False)
+
+        stack = LiveStack(service.url, prometheus.url, JOB, instance)
+        scope = f'{{job="{JOB}"}}'
+
+        def why() -> str:
+            targets = json.dumps(get_json(f"{prometheus.url}/api/v1/targets")["data"], indent=1)
+            return f"targets: {targets}\n{service.describe()}\n{prometheus.describe()}"
+
+        _wait_for(
+            "3 scrapes under LRU",
+            lambda: stack.samples(f"kvoffload_build_info{scope}") >= 3,
+            45,
+            why,
+        )
+        switch_policy(stack.service_url, "arc")
+        _wait_for(
+            "4 scrapes under ARC",
+            lambda: stack.samples(f"kvoffload_arc_target_t1_blocks{scope}") >= 4,
+            45,
+            why,
+        )
+        yield stack
