@@ -216,8 +216,10 @@ class GPUKVStore:
             return
         idx = torch.tensor(ids, dtype=torch.int64, device=self.device)
         seeds = self._seeds(hashes)
+        # index_copy_/index_select, not rows[idx]: on CPU tensors advanced
+        # indexing costs milliseconds per call when the cores are busy.
         for salt, rows in enumerate(self._rows):
-            rows[idx] = block_pattern(seeds, rows.shape[1], salt)
+            rows.index_copy_(0, idx, block_pattern(seeds, rows.shape[1], salt))
 
     def verify(self, ids: Sequence[int], hashes: Sequence[BlockHash]) -> int:
         """Number of blocks whose contents differ from what their hashes determine."""
@@ -227,5 +229,6 @@ class GPUKVStore:
         seeds = self._seeds(hashes)
         bad = torch.zeros(len(ids), dtype=torch.bool, device=self.device)
         for salt, rows in enumerate(self._rows):
-            bad |= (rows[idx] != block_pattern(seeds, rows.shape[1], salt)).any(dim=1)
+            got = rows.index_select(0, idx)
+            bad |= (got != block_pattern(seeds, rows.shape[1], salt)).any(dim=1)
         return int(bad.sum().item())
