@@ -1,0 +1,1 @@
+"""Tests of the core library: manager, policies, backend, event log, specs."""

@@ -1,0 +1,121 @@
+"""Block-hash builders, state capture and a counting backend shared by the core tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from kvoffload import BlockHash, PolicyOffloadingManager, PrepareStoreOutput
+from kvoffload.backend import BlockStatus
+from kvoffload.backends.cpu import CPUBackend, CPUBlockStatus
+from kvoffload.policies import EvictionPolicy
+
+
+def bh(i: int) -> BlockHash:
+    """A short, readable block hash for block number ``i``."""
+    return BlockHash(b"h%d" % i)
+
+
+def bhs(*ids: int) -> list[BlockHash]:
+    return [bh(i) for i in ids]
+
+
+def ids_of(spec: Any) -> list[int]:
+    """The block ids of a load/store spec as plain ints."""
+    return [int(i) for i in spec.block_ids]
+
+
+def store(m: PolicyOffloadingManager, *ids: int) -> PrepareStoreOutput:
+    """prepare_store + complete_store; fails the test if there is no room."""
+    out = m.prepare_store(bhs(*ids))
+    assert out is not None, f"no room to store {ids}"
+    m.complete_store(out.block_hashes_to_store)
+    return out
+
+
+def ref_cnt(m: PolicyOffloadingManager, i: int) -> int | None:
+    b = m.get_block(bh(i))
+    return None if b is None else b.ref_cnt
+
+
+def policy_state(policy: EvictionPolicy) -> dict[str, Any]:
+    """Everything a policy holds: each dict attribute as an ordered item list
+    (so order changes show), other attributes as they are."""
+    state: dict[str, Any] = {}
+    for name, value in vars(policy).items():
+        state[name] = list(value.items()) if isinstance(value, dict) else value
+    return state
+
+
+def manager_state(m: PolicyOffloadingManager) -> dict[str, Any]:
+    """The observable state of a manager except its monotonic counters."""
+    backend = m.backend
+    assert isinstance(backend, CPUBackend)
+    stats = m.stats()
+    log = m.event_log
+    return {
+        "stats": (
+            stats.policy,
+            stats.capacity,
+            stats.used,
+            stats.free,
+            stats.pinned,
+            stats.in_flight,
+            dict(stats.lists),
+            dict(stats.params),
+            stats.events,
+        ),
+        "blocks": [
+            (h, b.ref_cnt, getattr(b, "block_id", None), id(b)) for h, b in m.policy.ordered_items()
+        ],
+        "policy": policy_state(m.policy),
+        "backend": (list(backend.allocated_blocks_free_list), backend.num_allocated_blocks),
+        "events": None if log is None else (log.last_seq, len(log)),
+    }
+
+
+class CountingBlock(CPUBlockStatus):
+    """A CPU block whose ``ref_cnt`` reads are counted: a policy has to read
+    a block's ``ref_cnt`` to decide whether it may evict it, so the count is
+    the number of entries an eviction scan examined."""
+
+    __slots__ = ("_counter", "_ref")
+
+    def __init__(self, block_id: int, counter: list[int]) -> None:
+        self._counter = counter
+        super().__init__(block_id)
+
+    @property
+    def ref_cnt(self) -> int:
+        self._counter[0] += 1
+        return self._ref
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        self._ref = value
+
+
+class CountingBackend(CPUBackend):
+    """A :class:`CPUBackend` handing out :class:`CountingBlock` s."""
+
+    def __init__(self, block_size: int, num_blocks: int) -> None:
+        super().__init__(block_size, num_blocks)
+        self.reads = [0]
+
+    def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
+        plain = super().allocate_blocks(block_hashes)
+        return [CountingBlock(b.block_id, self.reads) for b in plain]  # type: ignore[attr-defined]
+
+    def count(self) -> int:
+        return self.reads[0]
+
+    def reset(self) -> None:
+        self.reads[0] = 0
+
+
+def resident(m: PolicyOffloadingManager) -> list[BlockHash]:
+    return [h for h, _ in m.policy.ordered_items()]
+
+
+def hashes_of(items: Iterable[tuple[BlockHash, Any]]) -> list[BlockHash]:
+    return [h for h, _ in items]

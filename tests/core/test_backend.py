@@ -1,0 +1,72 @@
+"""The CPU backend, block statuses and load/store specs (vLLM-compatible details)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvoffload import BlockStateError, BlockStatus, ConfigError, CPUBackend, GPULoadStoreSpec
+from kvoffload.backends.cpu import CPUBlockStatus
+from kvoffload.mediums import CPULoadStoreSpec
+
+from .fakes import bhs, ids_of
+
+
+def _ids(blocks: list[BlockStatus]) -> list[int]:
+    return [b.block_id for b in blocks]  # type: ignore[attr-defined]
+
+
+def test_cpu_backend_hands_out_fresh_ids_ascending_then_reuses_lifo() -> None:
+    b = CPUBackend(block_size=16, num_blocks=6)
+    assert b.medium == "CPU" and b.block_size == 16
+    first = b.allocate_blocks(bhs(1, 2, 3))
+    assert _ids(first) == [0, 1, 2]
+    b.free(first[0])
+    b.free(first[2])
+    assert b.get_num_free_blocks() == 5
+    # fresh ids first, then the freed ones, most recently freed first
+    assert _ids(b.allocate_blocks(bhs(4, 5, 6, 7))) == [3, 4, 5, 2]
+    assert _ids(b.allocate_blocks(bhs(8))) == [0]
+    assert b.get_num_free_blocks() == 0
+
+
+def test_cpu_backend_new_blocks_are_in_flight() -> None:
+    (block,) = CPUBackend(16, 1).allocate_blocks(bhs(1))
+    assert isinstance(block, CPUBlockStatus)
+    assert block.ref_cnt == -1 and not block.is_ready
+    block.ref_cnt = 0
+    assert block.is_ready
+
+
+def test_cpu_backend_refuses_to_overallocate() -> None:
+    b = CPUBackend(16, 2)
+    with pytest.raises(BlockStateError, match="only 2 free"):
+        b.allocate_blocks(bhs(1, 2, 3))
+    assert b.get_num_free_blocks() == 2
+
+
+@pytest.mark.parametrize(("block_size", "num_blocks"), [(0, 4), (16, 0), (-1, 4), (16, 2.5)])
+def test_cpu_backend_rejects_bad_sizes(block_size: int, num_blocks: int) -> None:
+    with pytest.raises(ConfigError):
+        CPUBackend(block_size, num_blocks)
+
+
+def test_cpu_backend_spec_lists_block_ids_as_int64() -> None:
+    b = CPUBackend(16, 4)
+    blocks = b.allocate_blocks(bhs(1, 2))
+    spec = b.get_load_store_spec(bhs(1, 2), blocks)
+    assert isinstance(spec, CPULoadStoreSpec)
+    assert spec.medium() == "CPU"
+    assert spec.block_ids.dtype == np.int64
+    assert ids_of(spec) == [0, 1]
+    assert ids_of(b.get_load_store_spec([], [])) == []
+    assert b.get_load_store_spec([], []).block_ids.dtype == np.int64
+
+
+def test_gpu_spec_medium_and_dtype() -> None:
+    spec = GPULoadStoreSpec([3, 1, 2])
+    assert spec.medium() == "GPU"
+    assert spec.block_ids.dtype == np.int64
+    assert ids_of(spec) == [3, 1, 2]
+    from_array = GPULoadStoreSpec(np.array([5, 6], dtype=np.int32))
+    assert from_array.block_ids.dtype == np.int64

@@ -1,0 +1,211 @@
+"""The bounded, replayable event log."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+
+import pytest
+
+from kvoffload import ConfigError, EventLog, OffloadingEvent
+
+from .fakes import bhs
+
+
+def _fill(log: EventLog, n: int) -> None:
+    for i in range(n):
+        log.append("stored", bhs(i), 16, "CPU")
+
+
+def _seqs(log: EventLog, after: int = 0) -> list[int]:
+    return [r.seq for r in log.read(after).records]
+
+
+def test_event_log_seq_is_monotonic_from_one() -> None:
+    log = EventLog(capacity=10)
+    assert log.last_seq == 0
+    records = [log.append("stored", bhs(i), 16, "CPU") for i in range(3)]
+    records.append(log.append("policy_switched", detail={"from": "lru", "to": "arc"}))
+    assert [r.seq for r in records] == [1, 2, 3, 4]
+    assert log.last_seq == 4
+    assert all(a.timestamp <= b.timestamp for a, b in itertools.pairwise(records))
+    assert records[3].detail == {"from": "lru", "to": "arc"}
+
+
+def test_event_log_record_is_immutable_and_converts_to_vllm_event() -> None:
+    log = EventLog()
+    stored = log.append("stored", bhs(1, 2), 16, "CPU")
+    removed = log.append("removed", bhs(3), 16, "CPU")
+    cleared = log.append("cleared", detail={"evicted": "0"})
+    assert stored.block_hashes == tuple(bhs(1, 2))
+    assert stored.to_offloading_event() == OffloadingEvent(bhs(1, 2), 16, "CPU", removed=False)
+    assert removed.to_offloading_event() == OffloadingEvent(bhs(3), 16, "CPU", removed=True)
+    assert cleared.to_offloading_event() is None
+    with pytest.raises(AttributeError):
+        stored.seq = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cleared.detail["evicted"] = "1"  # type: ignore[index]
+
+
+def test_event_log_ring_is_bounded_and_counts_drops() -> None:
+    log = EventLog(capacity=3)
+    _fill(log, 5)
+    assert len(log) == 3
+    assert _seqs(log) == [3, 4, 5]
+    s = log.stats()
+    assert (s.appended, s.dropped, s.drained, s.buffered, s.capacity, s.last_seq) == (
+        5,
+        2,
+        0,
+        3,
+        3,
+        5,
+    )
+    assert [r.seq for r in log.drain(limit=1)] == [3]
+    s = log.stats()
+    assert (s.appended, s.dropped, s.drained, s.buffered) == (5, 2, 1, 2)
+    assert s.dropped == s.appended - s.drained - s.buffered
+    _fill(log, 4)
+    s = log.stats()
+    assert (s.appended, s.dropped, s.drained, s.buffered) == (9, 5, 1, 3)
+
+
+def test_event_log_read_after_cursor() -> None:
+    log = EventLog(capacity=10)
+    _fill(log, 5)
+    page = log.read(after_seq=2)
+    assert [r.seq for r in page.records] == [3, 4, 5]
+    assert (page.missed, page.next_after_seq) == (0, 5)
+    page = log.read(after_seq=5)
+    assert (page.records, page.missed, page.next_after_seq) == ((), 0, 5)
+    page = log.read(after_seq=99)  # a cursor from the future: nothing, nothing missed
+    assert (page.records, page.missed) == ((), 0)
+    assert _seqs(log) == [1, 2, 3, 4, 5]  # reading is not destructive
+
+
+def test_event_log_read_tells_how_many_fell_off() -> None:
+    log = EventLog(capacity=3)
+    _fill(log, 7)
+    page = log.read(after_seq=1)
+    assert [r.seq for r in page.records] == [5, 6, 7]
+    assert (page.missed, page.next_after_seq) == (3, 7)
+    page = log.read(after_seq=4)
+    assert page.missed == 0
+
+
+def test_event_log_read_after_drain_reports_missed() -> None:
+    log = EventLog(capacity=5)
+    _fill(log, 4)
+    log.drain()
+    page = log.read(after_seq=1)
+    assert (page.records, page.missed, page.next_after_seq) == ((), 3, 4)
+    _fill(log, 1)
+    page = log.read(after_seq=page.next_after_seq)
+    assert [r.seq for r in page.records] == [5] and page.missed == 0
+
+
+def test_event_log_read_limit_pages_through() -> None:
+    log = EventLog(capacity=10)
+    _fill(log, 5)
+    cursor, seen = 0, []
+    while True:
+        page = log.read(after_seq=cursor, limit=2)
+        if not page.records:
+            break
+        assert len(page.records) <= 2
+        seen += [r.seq for r in page.records]
+        cursor = page.next_after_seq
+    assert seen == [1, 2, 3, 4, 5]
+
+
+def test_event_log_drain_removes_oldest_first() -> None:
+    log = EventLog(capacity=10)
+    _fill(log, 5)
+    assert [r.seq for r in log.drain(limit=2)] == [1, 2]
+    assert [r.seq for r in log.drain()] == [3, 4, 5]
+    assert log.drain() == []
+    assert len(log) == 0
+    assert log.stats().drained == 5
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda log: EventLog(capacity=0),
+        lambda log: log.read(after_seq=-1),
+        lambda log: log.read(limit=0),
+        lambda log: log.drain(limit=0),
+    ],
+    ids=["capacity", "after_seq", "read-limit", "drain-limit"],
+)
+def test_event_log_rejects_bad_arguments(call: object) -> None:
+    with pytest.raises(ConfigError):
+        call(EventLog())  # type: ignore[operator]
+
+
+def test_event_log_concurrent_writer_reader_drainer_lose_and_duplicate_nothing() -> None:
+    n, capacity = 20_000, 256
+    log = EventLog(capacity=capacity)
+    done = threading.Event()
+    errors: list[BaseException] = []
+    drained: list[int] = []
+    read_pages = [0]
+
+    def writer() -> None:
+        try:
+            for i in range(n):
+                log.append("stored", bhs(i), 16, "CPU")
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            done.set()
+
+    def reader() -> None:
+        try:
+            cursor = 0
+            while not done.is_set() or cursor < log.last_seq:
+                page = log.read(after_seq=cursor, limit=64)
+                seqs = [r.seq for r in page.records]
+                assert seqs == sorted(set(seqs))
+                if seqs:
+                    assert seqs[0] == cursor + page.missed + 1
+                    assert seqs[-1] == page.next_after_seq
+                assert page.next_after_seq >= cursor
+                cursor = page.next_after_seq
+                read_pages[0] += 1
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def drainer() -> None:
+        try:
+            while not done.is_set():
+                batch = [r.seq for r in log.drain(limit=7)]
+                assert batch == sorted(batch)
+                drained.extend(batch)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often to interleave the three
+    try:
+        threads = [threading.Thread(target=f) for f in (writer, reader, drainer)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+
+    remaining = [r.seq for r in log.read().records]
+    stats = log.stats()
+    assert stats.appended == n
+    assert len(drained) == len(set(drained)) == stats.drained
+    assert drained == sorted(drained)
+    assert not set(drained) & set(remaining)
+    assert set(drained) | set(remaining) <= set(range(1, n + 1))
+    assert len(drained) + len(remaining) + stats.dropped == n
+    assert stats.buffered == len(remaining) <= capacity
+    assert read_pages[0] > 0

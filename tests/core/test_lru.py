@@ -1,0 +1,121 @@
+"""What is specific to the LRU policy and to vLLM's ``LRUOffloadingManager``."""
+
+from __future__ import annotations
+
+from kvoffload import CPUBackend, LRUOffloadingManager, OffloadingEvent
+from kvoffload.policies.lru import LRUPolicy
+
+from .fakes import bh, bhs, ids_of, resident, store
+
+
+def _stored(*ids: int) -> OffloadingEvent:
+    return OffloadingEvent(bhs(*ids), 256, "CPU", removed=False)
+
+
+def _removed(*ids: int) -> OffloadingEvent:
+    return OffloadingEvent(bhs(*ids), 256, "CPU", removed=True)
+
+
+def test_lru_manager_vllm_scenario() -> None:
+    """vLLM's canonical LRU walk-through, block ids and events included."""
+    m = LRUOffloadingManager(CPUBackend(block_size=256, num_blocks=4), enable_events=True)
+
+    out = m.prepare_store(bhs(1, 2))
+    assert out is not None
+    assert out.block_hashes_to_store == bhs(1, 2)
+    assert out.block_hashes_evicted == []
+    assert ids_of(out.store_spec) == [0, 1]
+    assert m.lookup(bhs(1)) == 0  # not ready yet
+    m.complete_store(bhs(1, 2))
+    assert m.lookup(bhs(1, 2)) == 2
+
+    out = m.prepare_store(bhs(2, 3, 4, 5))
+    assert out is not None
+    assert out.block_hashes_to_store == bhs(3, 4, 5)
+    assert ids_of(out.store_spec) == [2, 3, 0]
+    assert out.block_hashes_evicted == bhs(1)
+
+    # 2 is evictable, 3, 4, 5 are in flight: no room for two blocks
+    assert m.prepare_store(bhs(1, 6)) is None
+    m.complete_store(bhs(2, 3, 4, 5))
+
+    assert ids_of(m.prepare_load(bhs(2, 3))) == [1, 2]
+    assert m.prepare_store(bhs(6, 7, 8)) is None  # 2 and 3 are pinned
+    m.complete_load(bhs(2, 3))
+
+    out = m.prepare_store(bhs(6, 7, 8))
+    assert out is not None
+    assert out.block_hashes_evicted == bhs(2, 3, 4)
+    assert ids_of(out.store_spec) == [3, 2, 1]
+    m.complete_store(bhs(6, 7, 8))
+
+    m.touch(bhs(5, 6, 7))  # order is now 8, 7, 6, 5
+    out = m.prepare_store(bhs(9))
+    assert out is not None
+    assert out.block_hashes_evicted == bhs(8)
+    assert ids_of(out.store_spec) == [1]
+
+    m.complete_store(bhs(7, 9), success=False)
+    assert m.lookup(bhs(7)) == 1  # was ready: stays
+    assert m.lookup(bhs(9)) == 0  # was in flight: freed
+
+    assert list(m.take_events()) == [
+        _stored(1, 2),
+        _removed(1),
+        _stored(3, 4, 5),
+        _removed(2, 3, 4),
+        _stored(6, 7, 8),
+        _removed(8),
+    ]
+
+
+def test_lru_manager_accepts_vllm_constructor_arguments() -> None:
+    m = LRUOffloadingManager(CPUBackend(block_size=16, num_blocks=2), enable_events=False)
+    store(m, 1)
+    assert m.take_events() == []
+    assert m.policy_name == "lru"
+    m2 = LRUOffloadingManager(CPUBackend(16, 2))
+    assert m2.event_log is None
+
+
+def test_lru_evicts_least_recently_used_first() -> None:
+    m = LRUOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3, 4)
+    m.touch(bhs(1))
+    out = m.prepare_store(bhs(5, 6))
+    assert out is not None
+    assert out.block_hashes_evicted == bhs(2, 3)
+    assert resident(m) == bhs(4, 1, 5, 6)
+
+
+def test_lru_touch_walks_in_reverse() -> None:
+    m = LRUOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3, 4)
+    m.touch(bhs(1, 2, 3))
+    assert resident(m) == bhs(4, 3, 2, 1)
+
+
+def test_lru_blocks_passed_by_an_eviction_scan_move_to_the_recent_end() -> None:
+    """A pinned or in-flight block the scan passes is in use at that moment;
+    moving it keeps later scans from passing it again (defect 10)."""
+    m = LRUOffloadingManager(CPUBackend(16, 5))
+    store(m, 1, 2, 3, 4)
+    m.prepare_store(bhs(5))
+    m.prepare_load(bhs(1))
+    m.touch(bhs(5))  # order 1, 2, 3, 4, 5
+    out = m.prepare_store(bhs(6))
+    assert out is not None and out.block_hashes_evicted == bhs(2)
+    assert resident(m) == bhs(3, 4, 5, 1, 6)
+
+
+def test_lru_policy_lists_and_seed() -> None:
+    p = LRUPolicy(capacity=4)
+    assert p.list_names == ("lru",)
+    assert p.list_sizes() == {"lru": 0}
+    m = LRUOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3)
+    p.seed(m.policy.ordered_items())
+    assert [h for h, _ in p.ordered_items()] == bhs(1, 2, 3)
+    assert p.get(bh(2)) is m.get_block(bh(2))
+    assert p.list_sizes() == {"lru": 3}
+    assert p.params() == {}

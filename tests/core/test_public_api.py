@@ -1,0 +1,127 @@
+"""The top-level package: its exports and what importing it loads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import kvoffload
+
+HEAVY = ("torch", "fastapi", "prometheus_client", "opentelemetry", "starlette", "uvicorn")
+
+
+def _run(code: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_public_api_import_loads_no_heavy_stack() -> None:
+    loaded = _run(
+        "import json, sys\n"
+        "import kvoffload\n"
+        "from kvoffload import *\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(json.dumps({'loaded': sorted(m for m in sys.modules "
+        "if m.split('.')[0] in heavy)}))"
+    )["loaded"]
+    assert loaded == []
+
+
+def test_public_api_all_is_pinned() -> None:
+    assert sorted(kvoffload.__all__) == kvoffload.__all__
+    assert kvoffload.__all__ == [
+        "ARCOffloadingManager",
+        "Backend",
+        "BlockHash",
+        "BlockStateError",
+        "BlockStatus",
+        "CPUBackend",
+        "CPULoadStoreSpec",
+        "CPUOffloadingSpec",
+        "ConfigError",
+        "EventLog",
+        "EventPage",
+        "EventRecord",
+        "EvictionPolicy",
+        "GPULoadStoreSpec",
+        "KVOffloadError",
+        "LRUOffloadingManager",
+        "LoadStoreSpec",
+        "ManagerCounters",
+        "ManagerStats",
+        "OffloadingConfig",
+        "OffloadingEvent",
+        "OffloadingHandler",
+        "OffloadingManager",
+        "OffloadingSpec",
+        "OffloadingSpecFactory",
+        "OffloadingWorker",
+        "PolicyError",
+        "PolicyOffloadingManager",
+        "PrepareStoreOutput",
+        "TransferError",
+        "TransferResult",
+        "TransferSpec",
+        "__version__",
+        "available_policies",
+    ]
+    for name in kvoffload.__all__:
+        assert getattr(kvoffload, name) is not None
+
+
+def test_public_api_vllm_names_are_exported() -> None:
+    vllm_names = {
+        "BlockHash",
+        "LoadStoreSpec",
+        "PrepareStoreOutput",
+        "OffloadingEvent",
+        "OffloadingManager",
+        "BlockStatus",
+        "Backend",
+        "CPUBackend",
+        "CPULoadStoreSpec",
+        "GPULoadStoreSpec",
+        "LRUOffloadingManager",
+        "ARCOffloadingManager",
+        "OffloadingSpec",
+        "CPUOffloadingSpec",
+        "OffloadingSpecFactory",
+        "OffloadingHandler",
+        "OffloadingWorker",
+        "TransferSpec",
+        "TransferResult",
+    }
+    assert vllm_names <= set(kvoffload.__all__)
+
+
+def test_public_api_errors_share_one_base() -> None:
+    for name in ("BlockStateError", "ConfigError", "PolicyError", "TransferError"):
+        assert issubclass(getattr(kvoffload, name), kvoffload.KVOffloadError)
+
+
+def test_public_api_unknown_attribute_raises() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = kvoffload.Nope
+
+
+def test_public_api_cpu_gpu_handler_loads_lazily() -> None:
+    if importlib.util.find_spec("kvoffload.transfer.cpu_gpu") is None:
+        pytest.skip("kvoffload/transfer/cpu_gpu.py is not written yet")
+    result = _run(
+        "import json, sys\n"
+        "import kvoffload\n"
+        "before = 'torch' in sys.modules\n"
+        "cls = kvoffload.CpuGpuOffloadingHandler\n"
+        "from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler\n"
+        "print(json.dumps({'before': before, 'after': 'torch' in sys.modules,\n"
+        "    'same': cls is CpuGpuOffloadingHandler,\n"
+        "    'handler': issubclass(cls, kvoffload.OffloadingHandler)}))"
+    )
+    assert result == {"before": False, "after": True, "same": True, "handler": True}

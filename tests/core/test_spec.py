@@ -1,0 +1,137 @@
+"""Offloading configuration and the CPU spec."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvoffload import (
+    ConfigError,
+    CPUOffloadingSpec,
+    OffloadingConfig,
+    PolicyError,
+    PolicyOffloadingManager,
+)
+from kvoffload.policies import available_policies
+
+
+def vllm_config(
+    extra: dict[str, Any] | None = None, block_size: int = 16, events: bool | None = None
+) -> SimpleNamespace:
+    """A duck-typed stand-in for vLLM's ``VllmConfig``."""
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra),
+        cache_config=SimpleNamespace(block_size=block_size),
+        kv_events_config=None if events is None else SimpleNamespace(enable_kv_cache_events=events),
+    )
+
+
+def test_offloading_config_defaults() -> None:
+    cfg = OffloadingConfig(gpu_block_size=16, num_cpu_blocks=64)
+    assert cfg.block_size == 16
+    assert cfg.eviction_policy == "lru"
+    assert cfg.enable_events is False
+    assert cfg.spec_name == "CPUOffloadingSpec"
+    assert OffloadingConfig(16, 64, offloaded_block_size=64).block_size == 64
+
+
+@pytest.mark.parametrize("num_cpu_blocks", [0, -4, 2.0, "many", True])
+def test_offloading_config_rejects_non_positive_cpu_blocks(num_cpu_blocks: Any) -> None:
+    with pytest.raises(ConfigError, match="num_cpu_blocks must be a positive integer"):
+        OffloadingConfig(gpu_block_size=16, num_cpu_blocks=num_cpu_blocks)
+
+
+def test_offloading_config_rejects_block_size_not_a_multiple() -> None:
+    with pytest.raises(ConfigError, match="must be a multiple of the GPU block size 16"):
+        OffloadingConfig(gpu_block_size=16, num_cpu_blocks=8, offloaded_block_size=24)
+
+
+def test_offloading_config_unknown_policy_lists_the_valid_ones() -> None:
+    with pytest.raises(PolicyError) as exc:
+        OffloadingConfig(gpu_block_size=16, num_cpu_blocks=8, eviction_policy="fifo")
+    message = str(exc.value)
+    assert "'fifo'" in message
+    for name in available_policies():
+        assert name in message
+    assert isinstance(exc.value, ConfigError)
+
+
+def test_offloading_config_policy_name_is_case_insensitive() -> None:
+    spec = CPUOffloadingSpec(OffloadingConfig(16, 8, eviction_policy="ARC"))
+    assert spec.get_manager().policy_name == "arc"
+
+
+def test_offloading_config_from_vllm_style_config() -> None:
+    cfg = OffloadingConfig.from_vllm_config(
+        vllm_config(
+            {"num_cpu_blocks": 128, "block_size": 64, "eviction_policy": "arc"},
+            block_size=16,
+            events=True,
+        )
+    )
+    assert (cfg.gpu_block_size, cfg.num_cpu_blocks, cfg.block_size) == (16, 128, 64)
+    assert cfg.eviction_policy == "arc"
+    assert cfg.enable_events is True
+
+
+@pytest.mark.parametrize("events", [None, False])
+def test_offloading_config_from_vllm_style_config_events_off(events: bool | None) -> None:
+    cfg = OffloadingConfig.from_vllm_config(vllm_config({"num_cpu_blocks": 8}, events=events))
+    assert cfg.enable_events is False
+    assert cfg.block_size == 16
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (vllm_config({}), "num_cpu_blocks must be set"),
+        (vllm_config(None), "num_cpu_blocks must be set"),
+        (vllm_config({"num_cpu_blocks": 0}), "num_cpu_blocks must be set"),
+        (vllm_config({"num_cpu_blocks": -3}), "num_cpu_blocks must be a positive integer"),
+        (vllm_config({"num_cpu_blocks": 8, "block_size": 20}), "multiple"),
+        (SimpleNamespace(cache_config=SimpleNamespace(block_size=16)), "kv_transfer_config"),
+        (
+            SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={})),
+            "cache_config.block_size",
+        ),
+    ],
+    ids=[
+        "missing",
+        "no-extra",
+        "zero",
+        "negative",
+        "not-multiple",
+        "no-kv-transfer",
+        "no-cache-config",
+    ],
+)
+def test_offloading_config_from_vllm_style_config_errors(config: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        OffloadingConfig.from_vllm_config(config)
+
+
+def test_cpu_offloading_spec_builds_one_manager() -> None:
+    spec = CPUOffloadingSpec(
+        vllm_config(
+            {"num_cpu_blocks": 32, "block_size": 32, "eviction_policy": "arc"},
+            block_size=16,
+            events=True,
+        )
+    )
+    assert (spec.gpu_block_size, spec.offloaded_block_size) == (16, 32)
+    assert (spec.num_cpu_blocks, spec.eviction_policy) == (32, "arc")
+    m = spec.get_manager()
+    assert isinstance(m, PolicyOffloadingManager)
+    assert m is spec.get_manager()
+    s = m.stats()
+    assert (s.capacity, s.block_size, s.policy, s.medium) == (32, 32, "arc", "CPU")
+    assert m.event_log is not None
+
+
+def test_cpu_offloading_spec_accepts_a_typed_config() -> None:
+    cfg = OffloadingConfig(16, 4, enable_events=False, event_log_capacity=5)
+    spec = CPUOffloadingSpec(cfg)
+    assert spec.config is cfg
+    assert spec.get_manager().event_log is None

@@ -1,0 +1,159 @@
+"""Live eviction-policy switch: nothing resident is lost or changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload import (
+    ARCOffloadingManager,
+    CPUBackend,
+    LRUOffloadingManager,
+    ManagerCounters,
+    PolicyError,
+    PolicyOffloadingManager,
+)
+from kvoffload.policies import available_policies
+
+from .fakes import bh, bhs, manager_state, resident, store
+
+
+def _blocks(m: PolicyOffloadingManager) -> dict[bytes, tuple[int, int, int]]:
+    return {
+        h: (b.ref_cnt, b.block_id, id(b))  # type: ignore[attr-defined]
+        for h, b in m.policy.ordered_items()
+    }
+
+
+def _monotonic(before: ManagerCounters, after: ManagerCounters) -> None:
+    for field in (
+        "lookups",
+        "lookup_blocks",
+        "hit_blocks",
+        "load_blocks",
+        "load_completed_blocks",
+        "touches",
+        "store_prepared_blocks",
+        "rejected_stores",
+    ):
+        assert getattr(after, field) >= getattr(before, field), field
+    for mapping in ("store_blocks", "evictions", "ghost_hits"):
+        old, new = getattr(before, mapping), getattr(after, mapping)
+        for key, value in old.items():
+            assert new.get(key, 0) >= value, (mapping, key)
+    assert after.policy_switches == before.policy_switches + 1
+
+
+def _busy_manager(policy: str) -> PolicyOffloadingManager:
+    """8 full slots: one of 10-12 and 1-5 ready (2 pinned twice, 3 once), 6-7
+    in flight; ghost history and a ghost hit for ARC."""
+    m = PolicyOffloadingManager(CPUBackend(16, 8), policy=policy, enable_events=True)
+    store(m, 10, 11, 12)
+    store(m, 1, 2, 3, 4, 5)
+    m.touch(bhs(4, 2))
+    out = m.prepare_store(bhs(6, 7))
+    assert out is not None and len(out.block_hashes_evicted) == 2
+    assert set(out.block_hashes_evicted) <= set(bhs(10, 11, 12))
+    m.touch(out.block_hashes_evicted[:1])
+    m.prepare_load(bhs(2, 3))
+    m.prepare_load(bhs(2))
+    m.lookup(bhs(1, 2, 9))
+    return m
+
+
+def test_switch_lru_arc_lru_keeps_blocks_ids_and_ref_counts() -> None:
+    m = _busy_manager("lru")
+    blocks = _blocks(m)
+    s0 = m.stats()
+    assert m.switch_policy("arc") == "lru"
+    assert s0.counters.ghost_hits == {}
+    assert _blocks(m) == blocks
+    s1 = m.stats()
+    _monotonic(s0.counters, s1.counters)
+    assert m.switch_policy("lru") == "arc"
+    assert _blocks(m) == blocks
+    s2 = m.stats()
+    _monotonic(s1.counters, s2.counters)
+    for s in (s1, s2):
+        assert (s.used, s.free, s.pinned, s.in_flight) == (8, 0, 2, 2)
+    assert s2.policy == "lru" and s2.counters.policy_switches == 2
+
+    # in-flight stores and loads complete normally after the switches
+    m.complete_store(bhs(6, 7))
+    m.complete_load(bhs(2, 3))
+    m.complete_load(bhs(2))
+    assert m.lookup(bhs(1, 2, 3, 4, 5, 6, 7)) == 7
+    assert m.stats().pinned == 0 and m.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("target", available_policies())
+@pytest.mark.parametrize("source", available_policies())
+def test_switch_between_any_two_policies_keeps_protocol_working(source: str, target: str) -> None:
+    m = _busy_manager(source)
+    blocks = _blocks(m)
+    m.switch_policy(target)
+    assert m.policy_name == target
+    assert _blocks(m) == blocks
+    # pinned and in-flight blocks stay protected under the new policy
+    out = m.prepare_store(bhs(20, 21, 22))
+    assert out is not None
+    assert set(out.block_hashes_evicted) <= set(bhs(10, 11, 12, 1, 4, 5))
+    m.complete_store(bhs(6, 7, 20, 21, 22), success=False)
+    assert bh(6) not in m and bh(20) not in m
+    assert m.stats().used + m.stats().free == 8
+
+
+def test_switch_lru_order_seeds_arc_t1_with_empty_ghosts() -> None:
+    m = ARCOffloadingManager(CPUBackend(16, 4))
+    m.switch_policy("lru")
+    store(m, 1, 2, 3, 4)
+    m.touch(bhs(2, 1))  # LRU order 3, 4, 1, 2
+    m.switch_policy("arc")
+    assert list(m.t1) == bhs(3, 4, 1, 2)
+    assert (len(m.t2), len(m.b1), len(m.b2), m.target_t1_size) == (0, 0, 0, 0)
+
+
+def test_switch_arc_t1_then_t2_order_seeds_lru() -> None:
+    m = ARCOffloadingManager(CPUBackend(16, 6))
+    store(m, 1, 2, 3, 4, 5)
+    m.touch(bhs(4, 2))  # T1 = [1, 3, 5], T2 = [2, 4]
+    store(m, 6)
+    assert (list(m.t1), list(m.t2)) == (bhs(1, 3, 5, 6), bhs(2, 4))
+    m.switch_policy("lru")
+    assert resident(m) == bhs(1, 3, 5, 6, 2, 4)
+    out = m.prepare_store(bhs(7, 8))
+    assert out is not None and out.block_hashes_evicted == bhs(1, 3)
+
+
+def test_switch_forgets_arc_ghosts_but_keeps_ghost_hit_counts() -> None:
+    m = ARCOffloadingManager(CPUBackend(16, 2))
+    store(m, 1, 2)
+    store(m, 3, 4)  # 1, 2 become B1 ghosts
+    m.touch(bhs(1, 2))
+    assert m.stats().counters.ghost_hits["b1"] == 2
+    m.switch_policy("lru")
+    m.switch_policy("arc")
+    assert (len(m.b1), len(m.b2)) == (0, 0)
+    m.touch(bhs(1))  # no longer a ghost: no hit
+    assert m.stats().counters.ghost_hits["b1"] == 2
+
+
+def test_switch_to_unknown_policy_changes_nothing() -> None:
+    m = _busy_manager("arc")
+    assert m.stats().counters.ghost_hits["b1"] == 1
+    before = manager_state(m)
+    switches = m.stats().counters.policy_switches
+    with pytest.raises(PolicyError, match="valid policies: arc, lru"):
+        m.switch_policy("clock")
+    assert manager_state(m) == before
+    assert m.stats().counters.policy_switches == switches
+
+
+def test_switch_records_an_event_and_keeps_vllm_events_clean() -> None:
+    m = LRUOffloadingManager(CPUBackend(16, 4), enable_events=True)
+    store(m, 1)
+    m.switch_policy("arc")
+    assert m.event_log is not None
+    last = m.event_log.read().records[-1]
+    assert last.kind == "policy_switched"
+    assert dict(last.detail) == {"from": "lru", "to": "arc"}
+    assert [e.removed for e in m.take_events()] == [False]  # only the store
