@@ -27,9 +27,9 @@ shape is refused with :class:`~kvoffload.errors.TransferError`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -103,48 +103,160 @@ def expand_block_ids(
     return rows[skip_first : rows.size - skip_last]
 
 
+def _starts_and_lengths(breaks: IntArray, n: int) -> tuple[IntArray, IntArray]:
+    """Runs of ``n`` items given the positions ``i`` after which a run breaks."""
+    starts = np.empty(breaks.size + 1, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = breaks + 1
+    lengths = np.empty_like(starts)
+    lengths[:-1] = starts[1:] - starts[:-1]
+    lengths[-1] = n - starts[-1]
+    return starts, lengths
+
+
 def consecutive_runs(idx: IntArray) -> IntArray:
     """Maximal stretches where ``idx`` increases by exactly one.
 
     Returns an ``(R, 2)`` array of ``(position, length)``; the lengths sum to
     ``idx.size``.
     """
-    if idx.size == 0:
-        return np.empty((0, 2), dtype=np.int64)
-    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
-    starts = np.concatenate(([0], breaks)).astype(np.int64)
-    ends = np.concatenate((breaks, [idx.size])).astype(np.int64)
-    return np.stack((starts, ends - starts), axis=1)
+    n = idx.size
+    if n < 2:
+        # Tiny jobs are common; numpy's per-call cost would dominate them.
+        return np.array([[0, n]] if n else [], dtype=np.int64).reshape(-1, 2)
+    starts, lengths = _starts_and_lengths(np.flatnonzero(idx[1:] != idx[:-1] + 1), n)
+    out = np.empty((starts.size, 2), dtype=np.int64)
+    out[:, 0] = starts
+    out[:, 1] = lengths
+    return out
 
 
-@dataclass(frozen=True, slots=True)
 class CopyPlan:
     """Row ``src[i]`` of the source goes to row ``dst[i]`` of the destination.
 
-    ``runs`` coalesces the pairs into ``(src_start, dst_start, length)``
+    :attr:`runs` coalesces the pairs into ``(src_start, dst_start, length)``
     stretches where both sides are consecutive, so an executor can issue one
-    slice copy per run instead of one per block.
+    slice copy per run instead of one per block; :attr:`src_runs` /
+    :attr:`dst_runs` are the runs of one side (see :func:`consecutive_runs`).
+    All are computed on first use from two shared break masks and cached, so
+    every layer of a job reuses them and an executor pays only for the ones
+    it uses (``num_*`` counts are cheaper still).
     """
 
-    src: IntArray
-    dst: IntArray
-    runs: IntArray
+    __slots__ = ("_cache", "_dst_breaks", "_src_breaks", "dst", "src")
+
+    def __init__(self, src: IntArray, dst: IntArray) -> None:
+        if src.shape != dst.shape:
+            raise TransferError(f"a plan pairs equal counts, got {src.size} and {dst.size}")
+        self.src = src
+        self.dst = dst
+        self._src_breaks: npt.NDArray[np.bool_] | None = None
+        self._dst_breaks: npt.NDArray[np.bool_] | None = None
+        self._cache: dict[str, Any] = {}
 
     @property
     def num_rows(self) -> int:
         """Number of sub-blocks copied."""
         return int(self.src.size)
 
+    def _breaks(self) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """``breaks[i]``: row ``i+1`` does not follow row ``i`` on that side."""
+        if self._src_breaks is None or self._dst_breaks is None:
+            src, dst = self.src, self.dst
+            self._src_breaks = (src[1:] - src[:-1]) != 1
+            self._dst_breaks = (dst[1:] - dst[:-1]) != 1
+        return self._src_breaks, self._dst_breaks
+
+    def _count(self, key: str, mask: Callable[[], npt.NDArray[np.bool_]]) -> int:
+        if key not in self._cache:
+            n = self.src.size
+            if n < 2:
+                self._cache[key] = n
+            else:
+                self._cache[key] = 1 + int(np.count_nonzero(mask()))
+        return int(self._cache[key])
+
+    @property
+    def num_runs(self) -> int:
+        """``len(runs)``."""
+        return self._count("num_runs", lambda: np.logical_or(*self._breaks()))
+
+    @property
+    def num_src_runs(self) -> int:
+        """``len(src_runs)``."""
+        return self._count("num_src_runs", lambda: self._breaks()[0])
+
+    @property
+    def num_dst_runs(self) -> int:
+        """``len(dst_runs)``."""
+        return self._count("num_dst_runs", lambda: self._breaks()[1])
+
+    @property
+    def runs(self) -> IntArray:
+        """``(R, 3)`` array of ``(src_start, dst_start, length)``."""
+        if "runs" not in self._cache:
+            src, dst = self.src, self.dst
+            n = src.size
+            if n == 0:
+                runs = np.empty((0, 3), dtype=np.int64)
+            elif self.num_runs == 1:
+                runs = np.array([[src[0], dst[0], n]], dtype=np.int64)
+            else:
+                brk = np.flatnonzero(np.logical_or(*self._breaks()))
+                starts, lengths = _starts_and_lengths(brk, n)
+                runs = np.empty((starts.size, 3), dtype=np.int64)
+                runs[:, 0] = src[starts]
+                runs[:, 1] = dst[starts]
+                runs[:, 2] = lengths
+            self._cache["runs"] = runs
+        result: IntArray = self._cache["runs"]
+        return result
+
+    def _side_runs(self, key: str, idx: IntArray, side: int) -> IntArray:
+        if key not in self._cache:
+            n = idx.size
+            if n < 2:
+                runs = np.array([[0, n]] if n else [], dtype=np.int64).reshape(-1, 2)
+            else:
+                starts, lengths = _starts_and_lengths(np.flatnonzero(self._breaks()[side]), n)
+                runs = np.empty((starts.size, 2), dtype=np.int64)
+                runs[:, 0] = starts
+                runs[:, 1] = lengths
+            self._cache[key] = runs
+        result: IntArray = self._cache[key]
+        return result
+
+    @property
+    def src_runs(self) -> IntArray:
+        """``consecutive_runs(src)``: ``(position, length)`` rows."""
+        return self._side_runs("src_runs", self.src, 0)
+
+    @property
+    def dst_runs(self) -> IntArray:
+        """``consecutive_runs(dst)``: ``(position, length)`` rows."""
+        return self._side_runs("dst_runs", self.dst, 1)
+
+    def __repr__(self) -> str:
+        return f"CopyPlan(src={self.src.tolist()}, dst={self.dst.tolist()})"
+
 
 def _check_ids(name: str, ids: IntArray, num_blocks: int | None) -> IntArray:
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TransferError(f"{name} block ids must be a 1-D integer array, got {ids!r}")
-    ids = ids.astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or (num_blocks is not None and ids.max() >= num_blocks)):
-        bad = ids[(ids < 0) | (ids >= (num_blocks if num_blocks is not None else np.inf))]
-        raise TransferError(
-            f"{name} block ids {bad[:8].tolist()} are out of range [0, {num_blocks})"
-        )
+    if ids.dtype != np.int64:
+        ids = ids.astype(np.int64)
+    if ids.size:
+        if ids.size <= 64:  # Python's min/max beat two numpy reductions here
+            values = ids.tolist()
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or (num_blocks is not None and hi >= num_blocks):
+            limit = np.inf if num_blocks is None else num_blocks
+            bad = ids[(ids < 0) | (ids >= limit)]
+            raise TransferError(
+                f"{name} block ids {bad[:8].tolist()} are out of range [0, {num_blocks})"
+            )
     return ids
 
 
@@ -215,19 +327,14 @@ def plan_copy(
 
     # Writing one destination row twice would leave it holding whichever copy
     # happened to land last; it is always a caller bug, so refuse it.
-    if dst_ids.size > 1 and np.unique(dst_ids).size != dst_ids.size:
-        raise TransferError("destination block ids contain repeats")
+    if dst_ids.size > 1:
+        ordered = np.sort(dst_ids)
+        if (ordered[1:] == ordered[:-1]).any():
+            raise TransferError("destination block ids contain repeats")
 
     src = expand_block_ids(src_ids, src_factor, s_first, s_last)
     dst = expand_block_ids(dst_ids, dst_factor, d_first, d_last)
-    if src.size == 0:
-        runs = np.empty((0, 3), dtype=np.int64)
-    else:
-        brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
-        starts = np.concatenate(([0], brk))
-        lengths = np.diff(np.concatenate((starts, [src.size])))
-        runs = np.stack((src[starts], dst[starts], lengths), axis=1).astype(np.int64)
-    return CopyPlan(src=src, dst=dst, runs=runs)
+    return CopyPlan(src, dst)
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,6 +148,11 @@ def test_plan_copy_runs_rebuild_the_pairs(
     for (s0, d0, k0), (s1, d1, _) in zip(plan.runs.tolist(), plan.runs.tolist()[1:], strict=False):
         assert not (s1 == s0 + k0 and d1 == d0 + k0)
     assert len(set(plan.dst.tolist())) == plan.num_rows
+    assert plan.num_runs == len(plan.runs)
+    assert plan.src_runs.tolist() == consecutive_runs(plan.src).tolist()
+    assert plan.dst_runs.tolist() == consecutive_runs(plan.dst).tolist()
+    assert plan.num_src_runs == len(plan.src_runs)
+    assert plan.num_dst_runs == len(plan.dst_runs)
 
 
 @given(jobs(), st.integers(1, 7))
