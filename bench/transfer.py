@@ -1,0 +1,207 @@
+"""Transfer bandwidth of CpuGpuOffloadingHandler against a plain contiguous copy.
+
+For each per-layer block size and job size it times a store (GPU->CPU) and a
+load (CPU->GPU) job through the handler, with contiguous and with random block
+ids, and a plain contiguous ``Tensor.copy_`` of the same bytes between the
+same devices (one copy per layer, like the job). Ratios near 1 mean the
+block mapping costs nothing on top of moving the bytes.
+
+Run: ``.venv/bin/python bench/transfer.py [--quick] [--threads N] [--device cpu|cuda]``.
+Timings are best-of-batches; nothing here is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
+from kvoffload.transfer.worker import TransferSpec
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def best_seconds(
+    fns: dict[str, Callable[[], None]],
+    sync: Callable[[], None],
+    budget_s: float,
+    clock: Callable[[], float],
+    rounds: int = 5,
+) -> dict[str, float]:
+    """Best per-call time of each function. Rounds interleave the functions so
+    that drift in machine load hits them all alike."""
+    reps: dict[str, int] = {}
+    for name, fn in fns.items():
+        fn()
+        sync()
+        t0 = clock()
+        fn()
+        sync()
+        once = max(clock() - t0, 1e-6)
+        reps[name] = max(1, int(budget_s / rounds / len(fns) / once))
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = clock()
+            for _ in range(reps[name]):
+                fn()
+            sync()
+            best[name] = min(best[name], (clock() - t0) / reps[name])
+    return best
+
+
+def job_runner(
+    handler: CpuGpuOffloadingHandler,
+    spec: TransferSpec,
+    job_ids: Iterator[int],
+    sync: Callable[[], None],
+) -> Callable[[], None]:
+    """A call that submits ``spec`` as a new job and waits until it is reported."""
+
+    def run() -> None:
+        ok = handler.transfer_async(next(job_ids), spec)
+        assert ok, "the benchmark submitted a malformed job"
+        while not handler.get_finished():
+            sync()
+
+    return run
+
+
+def plain_copy(srcs: list[torch.Tensor], dsts: list[torch.Tensor]) -> Callable[[], None]:
+    """The reference: one contiguous ``copy_`` per layer of the same bytes."""
+
+    def run() -> None:
+        for s, d in zip(srcs, dsts, strict=True):
+            d.copy_(s, non_blocking=True)
+
+    return run
+
+
+def bench_block_size(
+    block_bytes: int,
+    counts: list[int],
+    args: argparse.Namespace,
+    rng: np.random.Generator,
+    sync: Callable[[], None],
+    clock: Callable[[], float],
+    budget: float,
+    ratios: dict[str, list[float]],
+) -> None:
+    """Print one table row per (job size, id pattern) for one block size."""
+    f = args.factor
+    n_max = max(counts)
+    # Random ids come from a pool of up to 4x the largest job so they
+    # scatter, capped near 512 MiB per layer to bound memory.
+    pool = max(n_max, min(4 * n_max, (512 * MIB) // block_bytes))
+    pool -= pool % f
+    device = torch.device(args.device)
+    caches = {
+        f"layer{i}": torch.randn((pool, block_bytes // 2), device=device).to(torch.float16)
+        for i in range(args.layers)
+    }
+    handler = CpuGpuOffloadingHandler(16, 16 * f, pool // f, caches, max_cpu_bytes=None)
+    job_ids = itertools.count()
+    for n in counts:
+        if n % f:
+            continue
+        for pattern in ("contiguous", "random"):
+            if pattern == "contiguous":
+                gpu_ids, cpu_ids = np.arange(n), np.arange(n // f)
+            else:
+                gpu_ids = rng.choice(pool, n, replace=False)
+                cpu_ids = rng.choice(pool // f, n // f, replace=False)
+            store: TransferSpec = (GPULoadStoreSpec(gpu_ids), CPULoadStoreSpec(cpu_ids))
+            load: TransferSpec = (CPULoadStoreSpec(cpu_ids), GPULoadStoreSpec(gpu_ids))
+            elems = n * block_bytes // 2
+            t = best_seconds(
+                {
+                    "store": job_runner(handler, store, job_ids, sync),
+                    "load": job_runner(handler, load, job_ids, sync),
+                    "copy": plain_copy(
+                        [c.view(-1)[:elems] for c in caches.values()],
+                        [m.view(-1)[:elems] for m in handler.cpu_tensors],
+                    ),
+                },
+                sync,
+                budget,
+                clock,
+            )
+            nbytes = n * block_bytes * args.layers
+            st, ld = t["copy"] / t["store"], t["copy"] / t["load"]
+            if n >= 64:
+                ratios[pattern] += [st, ld]
+            print(
+                f"{block_bytes // KIB:>6}Ki {n:>6} {pattern[:6]:>6} "
+                f"{nbytes / t['store'] / 1e9:>8.2f} {nbytes / t['load'] / 1e9:>8.2f} "
+                f"{nbytes / t['copy'] / 1e9:>8.2f} {st:>8.2f} {ld:>8.2f}",
+                flush=True,
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--factor", type=int, default=1, help="cpu_block_size / gpu_block_size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu = this thread's CPU time: steadier on a shared machine; "
+        "only meaningful on --device cpu with --threads 1",
+    )
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and (args.device != "cpu" or torch.get_num_threads() != 1):
+        ap.error("--clock cpu needs --device cpu and --threads 1")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    sync: Callable[[], None] = (
+        torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    )
+    block_sizes = (
+        [16 * KIB, 256 * KIB, 2 * MIB]
+        if args.quick
+        else [16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB]
+    )
+    counts = [1, 16, 64, 256] if args.quick else [1, 4, 16, 64, 128, 256]
+    budget = 0.1 if args.quick else 0.5
+    print(
+        f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"layers={args.layers} factor={args.factor} clock={args.clock} "
+        "(GB/s = 1e9 bytes/s over all layers; ratio = handler GB/s / copy GB/s)"
+    )
+    header = (
+        f"{'block':>8} {'blocks':>6} {'ids':>6} {'store':>8} {'load':>8} {'copy':>8} "
+        f"{'st/copy':>8} {'ld/copy':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    ratios: dict[str, list[float]] = {"contiguous": [], "random": []}
+    rng = np.random.default_rng(args.seed)
+    for block_bytes in block_sizes:
+        bench_block_size(block_bytes, counts, args, rng, sync, clock, budget, ratios)
+    print()
+    for pattern, rs in ratios.items():
+        if rs:
+            print(
+                f"jobs >= 64 blocks, {pattern} ids: ratio to contiguous copy "
+                f"min {min(rs):.2f}, median {statistics.median(rs):.2f}, max {max(rs):.2f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
