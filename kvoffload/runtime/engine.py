@@ -404,8 +404,9 @@ class Engine:
             except Exception as e:  # delivered to the caller, the loop goes on
                 fut.set_exception(e)
                 continue
-            fut.set_result(result)
+            # publish first: a caller woken by the future reads the snapshot
             self._publish()
+            fut.set_result(result)
             for obs in self.observers:
                 self._notify(obs.command_applied, result)
 
