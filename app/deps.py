@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
 from app.auth import require_admin, require_read
 from app.errors import ApiError
@@ -16,7 +18,39 @@ from app.settings import Settings
 from app.state import ServiceState
 from kvoffload.runtime import Engine
 
-__all__ = ["AdminAccess", "EngineDep", "ReadAccess", "ServiceDep", "SettingsDep"]
+__all__ = [
+    "AdminAccess",
+    "EngineDep",
+    "ReadAccess",
+    "ServiceDep",
+    "SettingsDep",
+    "reject_unknown_query_params",
+]
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def reject_unknown_query_params(request: Request) -> None:
+    """A misspelt query parameter is an error, not silently ignored."""
+    if not request.query_params:
+        return
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known = _query_names(route.dependant)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none"
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"unknown query parameter {unknown[0]!r}; this route takes: {allowed}",
+        )
 
 
 def get_service(request: Request) -> ServiceState:

@@ -97,7 +97,7 @@ def error_json(
 
 
 _DESCRIPTIONS: dict[int, str] = {
-    400: "The request is well-formed but not allowed as sent",
+    400: "The body is not valid JSON (or not UTF-8)",
     401: "Missing, malformed or unknown bearer token",
     403: "The token lacks the scope, or the route is disabled",
     404: "No such resource",
@@ -129,6 +129,10 @@ _STATUS_CODES: dict[int, str] = {
 }
 
 
+#: what FastAPI raises (as a 400) for a body it cannot decode (e.g. not UTF-8)
+_FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
+
+
 def _issue_text(issue: Mapping[str, Any]) -> str:
     loc = ".".join(str(part) for part in issue.get("loc", ()))
     return f"{loc}: {issue.get('msg', 'invalid')}" if loc else str(issue.get("msg", "invalid"))
@@ -157,18 +161,29 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     issues = _issues(exc.errors())
     if any(i["type"] == "json_invalid" for i in issues):
-        code, summary = "malformed_json", "the request body is not valid JSON"
-    else:
-        code, summary = "invalid_request", "the request does not match the API schema"
+        return _malformed_body(issues)
+    summary = "the request does not match the API schema"
     detail = "; ".join(_issue_text(i) for i in issues[:5])
     if len(issues) > 5:
         detail += f"; and {len(issues) - 5} more"
-    return error_json(422, code, f"{summary}: {detail}" if detail else summary, issues=issues)
+    return error_json(422, "invalid_request", f"{summary}: {detail}", issues=issues)
+
+
+def _malformed_body(issues: list[dict[str, Any]] | None = None) -> JSONResponse:
+    return error_json(
+        400,
+        "malformed_json",
+        "the request body is not valid JSON; send a UTF-8 JSON object "
+        "with 'Content-Type: application/json'",
+        issues=issues,
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
+    if status == 400 and exc.detail == _FASTAPI_BODY_PARSE_ERROR:
+        return _malformed_body()
     code = _STATUS_CODES.get(status, "http_error" if status < 500 else "internal_error")
     try:
         phrase = HTTPStatus(status).phrase

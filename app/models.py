@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvoffload.event_log import EventKind, EventLogStats, EventRecord
 from kvoffload.policies import available_policies
@@ -41,16 +41,26 @@ __all__ = [
 
 #: the most events one read, drain or page returns
 MAX_EVENTS_LIMIT = 10_000
-#: the highest cursor or version a client may send (keeps numbers in int64)
-MAX_SEQ = 2**62
+#: the highest cursor or version a client may send: the largest integer a JSON
+#: number (an IEEE double) holds exactly, so clients and validators agree on it
+MAX_SEQ = 2**53 - 1
 
 
 class _Response(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+def _json_integer(value: object) -> object:
+    """Let an integer field take what JSON Schema calls an integer (3, 3.0) and
+    nothing else: lax pydantic would also take true and "3"."""
+    if isinstance(value, bool | str):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON `true` is not the number 1, "2" is not the version 2
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # --------------------------------------------------------------------------- cache
@@ -269,8 +279,11 @@ class PolicySwitchRequest(_Request):
         None,
         ge=1,
         le=MAX_SEQ,
+        strict=False,
         description="apply only if the policy version is still this one (else 409)",
     )
+
+    _integer = field_validator("expected_version", mode="before")(_json_integer)
 
 
 class PolicyValidateRequest(PolicySwitchRequest):
@@ -355,10 +368,13 @@ class EventPageView(_Response):
 class DrainRequest(_Request):
     limit: int = Field(
         MAX_EVENTS_LIMIT,
+        strict=False,
         ge=1,
         le=MAX_EVENTS_LIMIT,
         description=f"remove at most this many oldest records (at most {MAX_EVENTS_LIMIT})",
     )
+
+    _integer = field_validator("limit", mode="before")(_json_integer)
 
 
 class DrainResult(_Response):

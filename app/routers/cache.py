@@ -37,7 +37,7 @@ async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
     summary="Evict every resident block not in use and forget ARC's ghosts",
     description='Destructive: the body must be `{"confirm": true}`. Pinned blocks and '
     "stores in flight are kept; counters continue.",
-    responses=error_responses(401, 403, 422, 503, 504),
+    responses=error_responses(400, 401, 403, 422, 503, 504),
 )
 async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -> CommandView:
     if body.confirm is not True:

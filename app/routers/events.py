@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import StreamingResponse
@@ -21,6 +21,7 @@ from app.models import (
     EventView,
 )
 from app.state import ServiceState
+from kvoffload.event_log import EVENT_KINDS
 
 __all__ = ["router"]
 
@@ -30,6 +31,34 @@ router = APIRouter(prefix="/v1", tags=["events"])
 _POLL_SECONDS = 0.05
 #: records per poll of a live stream
 _STREAM_BATCH = 500
+
+#: One server-sent event, as OpenAPI 3.1 describes an event stream's items.
+_SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "the record's seq"},
+        "event": {"type": "string", "enum": [*EVENT_KINDS, "missed"]},
+        "retry": {"type": "integer", "minimum": 0},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "oneOf": [
+                    {"$ref": "#/components/schemas/EventView"},
+                    {
+                        "type": "object",
+                        "description": "`missed` event: records after the cursor that are gone",
+                        "required": ["missed", "after_seq"],
+                        "properties": {
+                            "missed": {"type": "integer", "minimum": 1},
+                            "after_seq": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                ]
+            },
+        },
+    },
+}
 
 AfterSeq = Annotated[
     int,
@@ -73,7 +102,7 @@ async def read_events(
     summary="Remove and return the oldest events (destructive)",
     description=f"Without a body, drains up to {MAX_EVENTS_LIMIT} records. Readers whose "
     "cursor pointed at drained records are told they missed them.",
-    responses=error_responses(401, 403, 422),
+    responses=error_responses(400, 401, 403, 422),
 )
 async def drain_events(
     _: AdminAccess,
@@ -91,12 +120,15 @@ async def drain_events(
     summary="Live tail of the event log (server-sent events)",
     description="Each record is an SSE event: `id` = seq, `event` = kind, `data` = the "
     "record as JSON. Reconnect with `Last-Event-ID` to resume after the last record "
-    "seen (it overrides `after_seq`). Records lost in between come as one `missed` "
+    "seen (the stream starts after the larger of the two). Records lost in between come as one `missed` "
     "event. Comment lines are heartbeats. The stream ends after `limit` records, when "
     "the client goes away, or when the service shuts down.",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        200: {
+            "description": "An endless stream of server-sent events",
+            "content": {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}},
+        },
         **error_responses(401, 422),
     },
 )
@@ -105,20 +137,22 @@ async def stream_events(
     service: ServiceDep,
     after_seq: AfterSeq = 0,
     limit: Annotated[
-        int | None,
+        int,
         Query(ge=1, le=MAX_SEQ, description="end the stream after this many records"),
-    ] = None,
+    ] = MAX_SEQ,
     last_event_id: Annotated[
-        int | None,
+        int,
         Header(
             alias="Last-Event-ID",
             ge=0,
             le=MAX_SEQ,
             description="the seq of the last record received; resume after it",
         ),
-    ] = None,
+    ] = 0,
 ) -> StreamingResponse:
-    cursor = last_event_id if last_event_id is not None else after_seq
+    # A reconnecting EventSource sends its original URL plus the last id it
+    # saw, which is never behind the after_seq it started from.
+    cursor = max(after_seq, last_event_id)
     return StreamingResponse(
         _sse(service, cursor, limit),
         media_type="text/event-stream",
@@ -130,7 +164,7 @@ def _record_event(view: EventView) -> str:
     return f"id: {view.seq}\nevent: {view.kind}\ndata: {view.model_dump_json()}\n\n"
 
 
-async def _sse(service: ServiceState, cursor: int, limit: int | None) -> AsyncIterator[str]:
+async def _sse(service: ServiceState, cursor: int, limit: int) -> AsyncIterator[str]:
     engine = service.engine
     log = engine.event_log
     heartbeat = service.settings.sse_heartbeat
@@ -141,11 +175,11 @@ async def _sse(service: ServiceState, cursor: int, limit: int | None) -> AsyncIt
         yield f": cursor {cursor} is ahead of the log (last seq {log.last_seq}); starting there\n\n"
         cursor = log.last_seq
     last_write = time.monotonic()
-    while remaining is None or remaining > 0:
+    while remaining > 0:
         stopped = service.stopping.is_set() or engine.state == "stopped"
         chunk: list[str] = []
         if log.last_seq > cursor:
-            batch = _STREAM_BATCH if remaining is None else min(_STREAM_BATCH, remaining)
+            batch = min(_STREAM_BATCH, remaining)
             page = log.read(cursor, batch)
             if page.missed:
                 chunk.append(
@@ -154,8 +188,7 @@ async def _sse(service: ServiceState, cursor: int, limit: int | None) -> AsyncIt
             for record in page.records:
                 chunk.append(_record_event(EventView.from_record(record)))
             cursor = page.next_after_seq
-            if remaining is not None:
-                remaining -= len(page.records)
+            remaining -= len(page.records)
         now = time.monotonic()
         if chunk:
             yield "".join(chunk)

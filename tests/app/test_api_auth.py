@@ -105,7 +105,7 @@ def test_admin_routes_disabled_without_admin_token(make_client: ClientFactory) -
 def test_startup_log_says_loopback_only_without_admin_token(
     make_client: ClientFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="app.main"):
+    with caplog.at_level(logging.INFO, logger="app.application"):
         make_client(admin_token=None, read_token=None)
     text = caplog.text
     assert "no admin token" in text

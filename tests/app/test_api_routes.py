@@ -260,7 +260,7 @@ def test_errors_are_json_and_4xx(client: TestClient) -> None:
         headers={**ADMIN_HEADERS, "content-type": "application/json"},
         content=b'{"policy": ',
     )
-    assert_error(malformed, 422, "malformed_json")
+    assert_error(malformed, 400, "malformed_json")
     wrong_type = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": 3})
     assert_error(wrong_type, 422, "invalid_request")
     extra = client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "lru", "force": True})

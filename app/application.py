@@ -1,0 +1,183 @@
+"""The FastAPI application: routers, error handlers, OpenAPI, and the lifespan
+that builds telemetry, the Prometheus registry, the observers and the engine.
+
+Use :func:`app.main.create_app`; this module loads the web stack and the
+engine (torch), which ``kvoffload serve --help`` does not need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from prometheus_client import CollectorRegistry
+
+from app.auth import require_read
+from app.deps import reject_unknown_query_params
+from app.engine_setup import build_engine
+from app.errors import error_responses, install_error_handlers
+from app.routers import cache, events, health, policy, runtime
+from app.settings import ENV_PREFIX, Settings
+from app.state import ServiceState
+from app.telemetry import setup_telemetry
+from kvoffload._version import __version__
+from kvoffload.instrumentation.prometheus import (
+    KVOffloadCollector,
+    PrometheusObserver,
+    config_labels,
+)
+from kvoffload.runtime import Engine, EngineObserver
+
+__all__ = ["EngineFactory", "build_app"]
+
+logger = logging.getLogger(__name__)
+
+#: builds the engine from the settings and the observers the app wires in
+EngineFactory = Callable[[Settings, Sequence[EngineObserver]], Engine]
+
+_DESCRIPTION = """\
+Admin API of a running kvoffload engine: inspect the cache (policy, occupancy,
+ARC lists, counters), switch the eviction policy live, pause/resume the engine,
+reset the cache, and read, drain or tail the offloading event log.
+
+Every error answer is `{"error": {"code": ..., "message": ...}}`. Read routes take the
+read token (or the admin token); state-changing routes take the admin token.
+"""
+
+
+def build_app(settings: Settings, engine_factory: EngineFactory | None = None) -> FastAPI:
+    """See :func:`app.main.create_app`."""
+    app = FastAPI(
+        title="kvoffload admin API",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=_lifespan,
+        dependencies=[Depends(reject_unknown_query_params)],
+        # every route may reject a request (e.g. an unknown query parameter)
+        responses=error_responses(422),
+    )
+    app.state.settings = settings
+    app.state.engine_factory = engine_factory or build_engine
+    app.state.stopping = threading.Event()
+    app.state.service = None
+    install_error_handlers(app)
+    routers = [module.router for module in (cache, policy, events, runtime, health)]
+    for router in routers:
+        app.include_router(router)
+    # Included without a prefix, so each route's path is the served path.
+    api_routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    app.state.api_routes = api_routes
+    _install_openapi(app, settings, api_routes)
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    factory: EngineFactory = app.state.engine_factory
+    stopping: threading.Event = app.state.stopping
+    stopping.clear()
+    telemetry = setup_telemetry()
+    try:
+        registry = CollectorRegistry(auto_describe=True)
+        prometheus = PrometheusObserver(registry=registry)
+        tracing = telemetry.tracing_observer()
+        engine = factory(settings, (prometheus, tracing))
+        tracing.watch_event_log(engine.event_log)
+        KVOffloadCollector(
+            engine.snapshot, registry=registry, config_info=config_labels(engine.config)
+        )
+        engine.start()
+    except Exception as exc:
+        logger.error("cannot start the engine: %s", exc)
+        telemetry.shutdown()
+        raise
+    app.state.service = ServiceState(settings, engine, registry, stopping=stopping)
+    _log_startup(settings, engine)
+    try:
+        yield
+    finally:
+        stopping.set()
+        logger.info("stopping the engine; in-flight transfer jobs finish first")
+        final = await asyncio.to_thread(engine.stop, settings.stop_timeout)
+        m = final.manager
+        logger.info(
+            "engine %s at step %d after finishing in-flight jobs "
+            "(in flight %d, pinned %d, used %d of %d blocks)",
+            final.state,
+            final.step,
+            m.in_flight,
+            m.pinned,
+            m.used,
+            m.capacity,
+        )
+        telemetry.shutdown()
+        logger.info("telemetry flushed; shutdown complete")
+
+
+def _log_startup(settings: Settings, engine: Engine) -> None:
+    logger.info(
+        "engine running: policy %s, %d CPU blocks of %d tokens, workload: %s",
+        settings.policy,
+        settings.capacity,
+        settings.offloaded_block_size,
+        engine.workload_description,
+    )
+    if settings.admin_token is None:
+        logger.warning(
+            "no admin token (%sADMIN_TOKEN) configured: state-changing routes are disabled "
+            "(403) and the service binds to loopback only (%s)",
+            ENV_PREFIX,
+            settings.host,
+        )
+    if settings.read_token is None:
+        logger.info(
+            "no read token (%sREAD_TOKEN) configured: read routes are open to anyone who "
+            "can reach %s:%d",
+            ENV_PREFIX,
+            settings.host,
+            settings.port,
+        )
+
+
+# --------------------------------------------------------------------------- OpenAPI
+
+
+def _uses(dependant: Dependant, call: Callable[..., Any]) -> bool:
+    return dependant.call is call or any(_uses(d, call) for d in dependant.dependencies)
+
+
+def _install_openapi(app: FastAPI, settings: Settings, api_routes: Sequence[APIRoute]) -> None:
+    """Generate the schema once, and drop the security requirement of read
+    routes when reads are open (so the document says what the server does)."""
+    open_reads: set[tuple[str, str]] = set()
+    if settings.read_token is None:
+        for route in api_routes:
+            if _uses(route.dependant, require_read):
+                open_reads.update((route.path, m.lower()) for m in route.methods or ())
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                openapi_version=app.openapi_version,
+                description=app.description,
+                routes=app.routes,
+            )
+            for path, operations in schema.get("paths", {}).items():
+                for method, operation in operations.items():
+                    if (path, method) in open_reads:
+                        operation.pop("security", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,62 @@
+"""Serving an application with uvicorn until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.settings import Settings
+
+__all__ = ["serve"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling live streams to end as soon as shutdown
+    begins (uvicorn waits for open connections before the lifespan ends)."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._stopping.set()
+        super().handle_exit(sig, frame)
+
+
+def serve(app: FastAPI, settings: Settings) -> bool:
+    """Serve ``app`` on ``settings.host:port`` until a signal; ``False`` if it
+    never started (the reason is logged)."""
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
+        lifespan="on",
+        timeout_graceful_shutdown=int(settings.stop_timeout),
+    )
+    server = _Server(config, app.state.stopping)
+    # uvicorn re-raises the signal that stopped it once it is done; catching
+    # it here turns a clean, signalled shutdown into a normal return.
+    received: list[int] = []
+
+    def note(sig: int, frame: FrameType | None) -> None:
+        received.append(sig)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        logger.info("stopped by %s", signal.Signals(received[0]).name)
+    return server.started

@@ -1,0 +1,220 @@
+"""The event log over HTTP: cursor reads, `missed`, drain, and the SSE tail."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+
+
+def pause(client: TestClient) -> None:
+    assert client.post("/v1/runtime:pause", headers=ADMIN_HEADERS).status_code == 200
+
+
+def last_seq(client: TestClient) -> int:
+    seq: int = client.get("/v1/events?limit=1", headers=READ_HEADERS).json()["last_seq"]
+    return seq
+
+
+def wait_for_events(client: TestClient, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while last_seq(client) < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def parse_sse(lines: list[str]) -> list[dict[str, Any]]:
+    """SSE blocks as dicts (field -> value); comment lines under ':'."""
+    events: list[dict[str, Any]] = []
+    block: dict[str, Any] = {}
+    for line in lines:
+        if line == "":
+            if block:
+                events.append(block)
+            block = {}
+        elif line.startswith(":"):
+            block.setdefault(":", []).append(line[1:].strip())
+        else:
+            name, _, value = line.partition(":")
+            block[name] = value.removeprefix(" ")
+    if block:
+        events.append(block)
+    return events
+
+
+def read_stream(client: TestClient, url: str, headers: dict[str, str]) -> list[dict[str, Any]]:
+    with client.stream("GET", url, headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return parse_sse(list(r.iter_lines()))
+
+
+# --------------------------------------------------------------------------- read
+
+
+def test_read_after_cursor_is_non_destructive(client: TestClient) -> None:
+    wait_for_events(client, 20)
+    pause(client)
+    top = last_seq(client)
+    page = client.get(f"/v1/events?after_seq={top - 10}&limit=4", headers=READ_HEADERS).json()
+    seqs = [e["seq"] for e in page["events"]]
+    assert seqs == list(range(top - 9, top - 5))
+    assert page["missed"] == 0
+    assert page["next_after_seq"] == top - 6
+    again = client.get(f"/v1/events?after_seq={top - 10}&limit=4", headers=READ_HEADERS).json()
+    assert again == page
+    rest = client.get(f"/v1/events?after_seq={page['next_after_seq']}", headers=READ_HEADERS).json()
+    assert [e["seq"] for e in rest["events"]] == list(range(top - 5, top + 1))
+    assert rest["next_after_seq"] == top
+
+
+def test_event_records_are_typed(client: TestClient) -> None:
+    wait_for_events(client, 5)
+    client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "arc"})
+    page = client.get("/v1/events?limit=10000", headers=READ_HEADERS).json()
+    kinds = {e["kind"] for e in page["events"]}
+    assert "stored" in kinds
+    assert "policy_switched" in kinds
+    stored = next(e for e in page["events"] if e["kind"] == "stored")
+    assert stored["medium"] == "CPU"
+    assert stored["block_size"] == 64
+    assert all(len(h) == 32 and int(h, 16) >= 0 for h in stored["block_hashes"])
+    switched = next(e for e in page["events"] if e["kind"] == "policy_switched")
+    assert switched["detail"] == {"from": "lru", "to": "arc"}
+
+
+def test_cursor_that_fell_off_the_ring_reports_missed(make_client: ClientFactory) -> None:
+    client = make_client(event_ring_size=16)
+    wait_for_events(client, 100)
+    pause(client)
+    top = last_seq(client)
+    page = client.get("/v1/events?after_seq=0&limit=5", headers=READ_HEADERS).json()
+    first = top - 16 + 1
+    assert page["missed"] == first - 1
+    assert [e["seq"] for e in page["events"]] == list(range(first, first + 5))
+    assert page["next_after_seq"] == first + 4
+    # reading on from there misses nothing more
+    follow = client.get(
+        f"/v1/events?after_seq={page['next_after_seq']}", headers=READ_HEADERS
+    ).json()
+    assert follow["missed"] == 0
+    cache = client.get("/v1/cache", headers=READ_HEADERS).json()
+    assert cache["events"]["dropped"] >= page["missed"]
+
+
+def test_drain_removes_and_returns_oldest(client: TestClient) -> None:
+    wait_for_events(client, 30)
+    pause(client)
+    before = client.get("/v1/events?limit=10000", headers=READ_HEADERS).json()["events"]
+    drained = client.post("/v1/events:drain", headers=ADMIN_HEADERS, json={"limit": 10}).json()
+    assert drained["events"] == before[:10]
+    assert drained["remaining"] == len(before) - 10
+    page = client.get("/v1/events?after_seq=0&limit=10000", headers=READ_HEADERS).json()
+    assert page["events"] == before[10:]
+    assert page["missed"] == before[10]["seq"] - 1
+    everything = client.post("/v1/events:drain", headers=ADMIN_HEADERS).json()
+    assert everything["events"] == before[10:]
+    assert everything["remaining"] == 0
+    empty = client.post("/v1/events:drain", headers=ADMIN_HEADERS, json={}).json()
+    assert empty == {"events": [], "remaining": 0}
+
+
+def test_drain_limit_is_bounded(client: TestClient) -> None:
+    for body in ({"limit": 0}, {"limit": 10_001}, {"limit": "all"}, {"max": 3}):
+        r = client.post("/v1/events:drain", headers=ADMIN_HEADERS, json=body)
+        assert r.status_code == 422, body
+        assert r.json()["error"]["code"] == "invalid_request"
+
+
+# --------------------------------------------------------------------------- stream
+
+
+def test_stream_ids_are_seqs_and_resume_with_last_event_id(client: TestClient) -> None:
+    wait_for_events(client, 20)
+    pause(client)  # nothing new arrives: the stream content is exact
+    top = last_seq(client)
+    start = top - 10
+    first = read_stream(client, f"/v1/events/stream?after_seq={start}&limit=3", READ_HEADERS)
+    assert first[0] == {"retry": "2000"}
+    records = [e for e in first if "id" in e]
+    assert [int(e["id"]) for e in records] == [start + 1, start + 2, start + 3]
+    for e in records:
+        data = json.loads(e["data"])
+        assert data["seq"] == int(e["id"])
+        assert e["event"] == data["kind"]
+    # reconnect after the second record: the header wins over after_seq
+    resumed = read_stream(
+        client,
+        "/v1/events/stream?after_seq=0&limit=3",
+        {**READ_HEADERS, "Last-Event-ID": str(start + 2)},
+    )
+    assert [int(e["id"]) for e in resumed if "id" in e] == [start + 3, start + 4, start + 5]
+
+
+def test_stream_reports_missed_records(make_client: ClientFactory) -> None:
+    client = make_client(event_ring_size=16)
+    wait_for_events(client, 50)
+    pause(client)
+    top = last_seq(client)
+    events = read_stream(client, "/v1/events/stream?after_seq=0&limit=2", READ_HEADERS)
+    missed = [e for e in events if e.get("event") == "missed"]
+    assert len(missed) == 1
+    assert json.loads(missed[0]["data"]) == {"missed": top - 16, "after_seq": 0}
+    assert [int(e["id"]) for e in events if "id" in e] == [top - 15, top - 14]
+
+
+def test_stream_tails_live_events(client: TestClient) -> None:
+    top = last_seq(client)
+    with client.stream("GET", f"/v1/events/stream?after_seq={top}", headers=READ_HEADERS) as r:
+        seen: list[int] = []
+        for line in r.iter_lines():
+            if line.startswith("id: "):
+                seen.append(int(line[4:]))
+            if len(seen) == 5:
+                break  # the client goes away mid-stream
+    assert seen == list(range(top + 1, top + 6))
+    # the service is still fine after the disconnect
+    assert client.get("/v1/cache", headers=READ_HEADERS).status_code == 200
+
+
+def test_stream_heartbeats_and_ends_on_shutdown(make_client: ClientFactory) -> None:
+    client = make_client(sse_heartbeat=0.05)
+    pause(client)
+    top = last_seq(client)
+    stopping: threading.Event = client.app.state.stopping  # type: ignore[attr-defined]
+    timer = threading.Timer(0.4, stopping.set)
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        events = read_stream(client, f"/v1/events/stream?after_seq={top}", READ_HEADERS)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 5
+    heartbeats = [c for e in events for c in e.get(":", []) if c == "heartbeat"]
+    assert len(heartbeats) >= 2
+    assert not [e for e in events if "id" in e]
+    # once stopping, the service reports not ready
+    assert client.get("/readyz").status_code == 503
+
+
+def test_stream_cursor_ahead_of_log_starts_at_its_end(client: TestClient) -> None:
+    pause(client)
+    top = last_seq(client)
+    with client.stream(
+        "GET", "/v1/events/stream", headers={**READ_HEADERS, "Last-Event-ID": str(top + 1000)}
+    ) as r:
+        lines = []
+        for line in r.iter_lines():
+            lines.append(line)
+            if line.startswith(": cursor"):
+                break
+    assert f"ahead of the log (last seq {top})" in lines[-1]
+
+
+def test_stream_rejects_bad_last_event_id(client: TestClient) -> None:
+    r = client.get("/v1/events/stream", headers={**READ_HEADERS, "Last-Event-ID": "abc"})
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_request"

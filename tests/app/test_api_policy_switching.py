@@ -1,0 +1,125 @@
+"""Live policy switches under load: 200 switches while a trace replays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+
+TRACE = str(
+    Path(__file__).resolve().parents[3] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
+)
+SWITCHES = 200
+
+
+def check_invariants(view: dict[str, Any]) -> None:
+    b = view["blocks"]
+    assert b["used"] + b["free"] == b["capacity"]
+    assert 0 <= b["pinned"] <= b["used"]
+    assert 0 <= b["in_flight"] <= b["used"]
+    lists = view["lists"]
+    if view["policy"] == "arc":
+        assert lists["t1"] + lists["t2"] == b["used"]
+        assert lists["b1"] <= b["capacity"] and lists["b2"] <= b["capacity"]
+        assert view["arc"] is not None
+    else:
+        assert lists == {"lru": b["used"]}
+        assert view["arc"] is None
+    rt = view["runtime"]
+    assert rt["verify_failures"] == 0
+    assert rt["failed_jobs"] == 0
+
+
+def flat_counters(view: dict[str, Any]) -> dict[str, float]:
+    c = view["counters"]
+    out: dict[str, float] = {}
+    for key, value in c.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    out.update({f"runtime.{k}": v for k, v in view["runtime"].items() if k != "last_step_seconds"})
+    return out
+
+
+def assert_monotonic(before: dict[str, float], after: dict[str, float]) -> None:
+    for key, value in before.items():
+        assert key in after, f"counter {key} disappeared"
+        assert after[key] >= value, f"counter {key} went back from {value} to {after[key]}"
+
+
+def all_events(client: TestClient) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    cursor = 0
+    while True:
+        page = client.get(f"/v1/events?after_seq={cursor}&limit=10000", headers=READ_HEADERS).json()
+        assert page["missed"] == 0, "the ring is sized to keep every record"
+        events.extend(page["events"])
+        if not page["events"]:
+            return events
+        cursor = page["next_after_seq"]
+
+
+def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> None:
+    client = make_client(
+        workload=TRACE,
+        # trace-sized blocks keep the per-block Python work (and the test) short;
+        # a small GPU cache sends the reuse to the CPU tier
+        gpu_block_size=512,
+        offloaded_block_size=512,
+        capacity=512,
+        gpu_blocks=32,
+        max_requests_per_step=2,
+        event_ring_size=2_000_000,
+    )
+    view = client.get("/v1/cache", headers=READ_HEADERS).json()
+    assert view["workload"].startswith("Mooncake trace")
+    previous = flat_counters(view)
+    version = 1
+    last_step = 0
+    for i in range(SWITCHES):
+        target = "arc" if i % 2 == 0 else "lru"
+        r = client.put(
+            "/v1/policy",
+            headers=ADMIN_HEADERS,
+            json={"policy": target, "expected_version": version},
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["policy"] == target
+        assert body["version"] == version + 1
+        assert body["applied_at_step"] >= last_step
+        version, last_step = body["version"], body["applied_at_step"]
+
+        view = client.get("/v1/cache", headers=READ_HEADERS).json()
+        assert view["policy_version"] >= version
+        check_invariants(view)
+        counters = flat_counters(view)
+        assert_monotonic(previous, counters)
+        previous = counters
+
+    assert client.post("/v1/runtime:pause", headers=ADMIN_HEADERS).status_code == 200
+    view = client.get("/v1/cache", headers=READ_HEADERS).json()
+    check_invariants(view)
+    assert view["counters"]["policy_switches"] == SWITCHES
+    assert view["policy"] == "lru"
+    rt = view["runtime"]
+    assert rt["steps"] > 0 and rt["loaded_blocks"] > 0, "the replay must have loaded blocks"
+    assert view["counters"]["evictions"], "the cache must have been under pressure"
+
+    # No block lost: replaying the event log gives exactly the resident, ready blocks.
+    resident: set[str] = set()
+    switches = 0
+    for event in all_events(client):
+        if event["kind"] == "stored":
+            assert not resident & set(event["block_hashes"]), "stored twice"
+            resident.update(event["block_hashes"])
+        elif event["kind"] == "removed":
+            assert set(event["block_hashes"]) <= resident, "removed a block never stored"
+            resident.difference_update(event["block_hashes"])
+        elif event["kind"] == "policy_switched":
+            switches += 1
+    assert switches == SWITCHES
+    blocks = view["blocks"]
+    assert len(resident) == blocks["used"] - blocks["in_flight"]
