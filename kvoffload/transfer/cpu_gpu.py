@@ -101,6 +101,11 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
     that do not pair, ids out of range, repeated destination blocks, a job id
     still in flight) make :meth:`transfer_async` return ``False`` and log why;
     a copy that fails once started is reported as ``(job_id, False)``.
+
+    Not thread-safe: like vLLM's worker, drive it from one thread. Ordering
+    between jobs on the same CPU blocks is the manager's job (a block is
+    loaded only after its store was reported, reused only after its loads
+    were).
     """
 
     def __init__(
