@@ -1,0 +1,194 @@
+"""The engine on its background thread: snapshots, queued commands, stop.
+
+Every wait is a bounded poll; the only fixed sleep is the short window in
+which a paused engine must not take a step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from kvoffload.errors import PolicyError
+from kvoffload.runtime.commands import EngineStoppedError, VersionConflictError
+from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.snapshot import EngineSnapshot
+from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
+from kvoffload.runtime.workloads import loop
+
+BLOCK = 64
+TIMEOUT = 20.0  # generous bound for any single wait; passing runs take milliseconds
+
+
+def config(**overrides: object) -> EngineConfig:
+    args: dict[str, object] = {
+        "gpu_block_size": 16,
+        "offloaded_block_size": BLOCK,
+        "num_gpu_blocks": 64,
+        "num_cpu_blocks": 32,
+        "num_layers": 2,
+        "num_kv_heads": 1,
+        "head_size": 8,
+        "max_requests_per_step": 2,
+    }
+    args.update(overrides)
+    return EngineConfig(**args)  # type: ignore[arg-type]
+
+
+def endless() -> Engine:
+    workload = loop(
+        SyntheticWorkload(
+            SyntheticConfig(
+                seed=5, num_requests=100, trace_block_size=BLOCK, open_chats=8, num_documents=20
+            )
+        )
+    )
+    return Engine(config(), workload)
+
+
+def wait_for(engine: Engine, ok: Callable[[EngineSnapshot], bool]) -> EngineSnapshot:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        snap = engine.snapshot()
+        if ok(snap):
+            return snap
+        if time.monotonic() > deadline:
+            pytest.fail(f"engine did not get there in {TIMEOUT} s; last snapshot {snap}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    e = endless()
+    yield e
+    e.stop(timeout=TIMEOUT)
+
+
+def test_engine_thread_publishes_advancing_snapshots(engine: Engine) -> None:
+    assert engine.snapshot().state == "created"
+    engine.start()
+    with pytest.raises(RuntimeError, match="already started"):
+        engine.start()
+    first = wait_for(engine, lambda s: s.step >= 3)
+    assert first.state == "running"
+    later = wait_for(engine, lambda s: s.step > first.step + 3)
+    assert later.runtime.requests > first.runtime.requests
+    assert later.timestamp >= first.timestamp
+    assert later.manager.counters.lookups >= first.manager.counters.lookups
+    assert later.policy_version == 1
+
+
+def test_engine_thread_applies_policy_switches_with_versions(engine: Engine) -> None:
+    engine.start()
+    wait_for(engine, lambda s: s.step >= 1)
+    result = engine.switch_policy("arc", expected_version=1).result(timeout=TIMEOUT)
+    assert (result.policy, result.policy_version) == ("arc", 2)
+    assert engine.snapshot().policy_version >= 2
+    stale = engine.switch_policy("lru", expected_version=1)
+    error = stale.exception(timeout=TIMEOUT)
+    assert isinstance(error, VersionConflictError)
+    assert (error.expected, error.current) == (1, 2)
+    # the failed switch changed nothing
+    snap = wait_for(engine, lambda s: s.step > result.applied_at_step)
+    assert (snap.manager.policy, snap.policy_version) == ("arc", 2)
+    with pytest.raises(PolicyError):
+        engine.switch_policy("no-such-policy")
+    again = engine.switch_policy("lru", expected_version=2).result(timeout=TIMEOUT)
+    assert (again.policy, again.policy_version) == ("lru", 3)
+
+
+def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
+    engine.start()
+    wait_for(engine, lambda s: s.step >= 5 and s.manager.used > 0)
+    paused = engine.pause().result(timeout=TIMEOUT)
+    snap = wait_for(engine, lambda s: s.state == "paused")
+    assert snap.step == paused.applied_at_step
+    time.sleep(0.2)  # a paused engine takes no step
+    assert engine.snapshot().step == snap.step
+    assert engine.state == "paused"
+
+    before = engine.snapshot()
+    reset = engine.reset().result(timeout=TIMEOUT)
+    after = engine.snapshot()
+    assert reset.applied_at_step == before.step == after.step
+    assert int(reset.detail["cpu_blocks_evicted"]) > 0
+    # both tiers are empty but for blocks a job in flight holds
+    m = after.manager
+    assert m.used == m.pinned + m.in_flight
+    assert m.used + m.free == m.capacity
+    kv = engine.kv  # safe to read: the engine thread is paused
+    assert kv.cached_blocks == kv.num_blocks - kv.available()
+    # counters are kept; the reset's evictions are counted
+    assert after.runtime == before.runtime
+    assert after.manager.counters.store_blocks == before.manager.counters.store_blocks
+    evicted = sum(after.manager.counters.evictions.values()) - sum(
+        before.manager.counters.evictions.values()
+    )
+    assert evicted == int(reset.detail["cpu_blocks_evicted"])
+
+    engine.resume().result(timeout=TIMEOUT)
+    resumed = wait_for(engine, lambda s: s.step > after.step + 2)
+    assert resumed.state == "running"
+    assert resumed.runtime.requests > after.runtime.requests
+    assert resumed.manager.used > 0
+
+
+def test_engine_thread_stop_returns_a_settled_final_snapshot(engine: Engine) -> None:
+    engine.start()
+    wait_for(engine, lambda s: s.step >= 5)
+    final = engine.stop(timeout=TIMEOUT)
+    assert final.state == "stopped"
+    assert engine.state == "stopped"
+    m = final.manager
+    assert (m.in_flight, m.pinned) == (0, 0)
+    assert m.used + m.free == m.capacity
+    rt = final.runtime
+    assert rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens == rt.prompt_tokens
+    assert rt.verify_failures == 0
+    # nothing runs any more
+    time.sleep(0.05)
+    assert engine.snapshot() == final
+    assert engine.kv.available() == engine.kv.num_blocks
+
+    for future in (engine.pause(), engine.resume(), engine.reset(), engine.switch_policy("arc")):
+        assert isinstance(future.exception(timeout=TIMEOUT), EngineStoppedError)
+    with pytest.raises(PolicyError):  # still checked before anything is queued
+        engine.switch_policy("no-such-policy")
+    assert engine.stop(timeout=TIMEOUT).state == "stopped"
+
+
+def test_engine_stop_fails_commands_that_were_never_applied() -> None:
+    engine = endless()
+    queued = [engine.switch_policy("arc"), engine.pause()]
+    final = engine.stop()
+    assert final.state == "stopped"
+    assert final.step == 0
+    for future in queued:
+        assert isinstance(future.exception(timeout=0), EngineStoppedError)
+    assert isinstance(engine.reset().exception(timeout=0), EngineStoppedError)
+
+
+def test_engine_thread_stops_while_paused(engine: Engine) -> None:
+    engine.start()
+    engine.pause().result(timeout=TIMEOUT)
+    final = engine.stop(timeout=TIMEOUT)
+    assert final.state == "stopped"
+    assert final.manager.in_flight == 0
+
+
+def test_engine_thread_finishes_a_finite_workload() -> None:
+    workload = SyntheticWorkload(
+        SyntheticConfig(seed=2, num_requests=30, trace_block_size=BLOCK, open_chats=4)
+    )
+    engine = Engine(config(), workload)
+    engine.start()
+    done = wait_for(engine, lambda s: s.state == "finished")
+    assert done.runtime.requests == 30
+    assert done.manager.in_flight == 0
+    # a finished engine still applies commands
+    result = engine.switch_policy("arc").result(timeout=TIMEOUT)
+    assert result.applied_at_step == done.step
+    final = engine.stop(timeout=TIMEOUT)
+    assert (final.state, final.step, final.manager.policy) == ("stopped", done.step, "arc")
