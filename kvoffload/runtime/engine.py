@@ -630,7 +630,9 @@ class Engine:
         c.requests += 1
         c.prompt_tokens += n * bs
         c.gpu_hit_tokens += g * bs
-        c.cpu_hit_tokens += loaded * bs
+        # The loaded tokens are counted when their job finishes (as CPU hits,
+        # or as computed if it failed), so no counter ever goes down; until
+        # then the three outcomes sum to less than prompt_tokens.
         c.computed_tokens += (n - g - loaded) * bs
         if self.observers:
             rec = RequestRecord(
@@ -698,13 +700,12 @@ class Engine:
                     )
                 c.loaded_blocks += n
                 c.loaded_bytes += nbytes
+                c.cpu_hit_tokens += n * self.config.gpu_block_size
             else:
                 # The data never arrived: recompute it so the request is
                 # still served correctly, and count those tokens as computed.
                 kv.compute(job.gpu_ids, job.gpu_hashes)
-                moved = n * self.config.gpu_block_size
-                c.cpu_hit_tokens -= moved
-                c.computed_tokens += moved
+                c.computed_tokens += n * self.config.gpu_block_size
             kv.unpin(job.gpu_ids)
         if not ok:
             c.failed_jobs += 1

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvoffload.errors import PolicyError
+from kvoffload.mediums import CPULoadStoreSpec
 from kvoffload.runtime.commands import CommandResult, VersionConflictError
 from kvoffload.runtime.engine import Engine, EngineConfig
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
@@ -20,6 +21,7 @@ from kvoffload.runtime.workloads import Request, Workload, engine_block_hashes
 from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 from kvoffload.transfer.layout import Layout
 from kvoffload.transfer.memory import InMemoryOffloadingHandler
+from kvoffload.transfer.worker import TransferSpec
 
 BLOCK = 64  # tokens per offloaded block = the workloads' trace block size
 
@@ -327,8 +329,12 @@ def test_engine_injected_failures_keep_accounting_exact(layout: Layout) -> None:
     )
 
 
-def in_memory_handler(config: EngineConfig, **kw: object) -> InMemoryOffloadingHandler:
-    return InMemoryOffloadingHandler(
+def in_memory_handler(
+    config: EngineConfig,
+    cls: type[InMemoryOffloadingHandler] = InMemoryOffloadingHandler,
+    **kw: object,
+) -> InMemoryOffloadingHandler:
+    return cls(
         block_size_factor=config.block_factor,
         num_gpu_blocks=config.num_gpu_blocks,
         num_cpu_blocks=config.num_cpu_blocks,
@@ -383,6 +389,43 @@ def test_engine_some_refused_stores_fail_only_their_blocks() -> None:
     assert 0 < c.store_blocks["failed"] < c.store_prepared_blocks
     assert snap.manager.used == c.store_blocks["stored"]
     assert_settled(engine, snap)
+
+
+class LateFailingLoads(InMemoryOffloadingHandler):
+    """Reports every job a few polls late (like a GPU copy stream) and fails
+    every load, so failures arrive steps after their requests were served."""
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        if isinstance(spec[0], CPULoadStoreSpec):
+            self.fail_job(job_id)
+        return super().transfer_async(job_id, spec)
+
+
+def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
+    # A failed load turns its CPU-hit tokens into computed ones. Counted at
+    # serve time and taken back at failure, cpu_hit_tokens went down between
+    # snapshots (a Prometheus counter reset); now it counts arrived blocks.
+    config = small_config(num_cpu_blocks=96)
+    handler = in_memory_handler(config, LateFailingLoads, strict=False, delay_polls=3)
+    engine = Engine(config, synthetic(num_requests=200), handler=handler)
+    previous = engine.snapshot()
+    in_flight_seen = False
+    while engine.step():
+        snap = engine.snapshot()
+        assert_monotonic(previous, snap)
+        rt = snap.runtime
+        settled = rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens
+        assert settled <= rt.prompt_tokens
+        in_flight_seen |= settled < rt.prompt_tokens
+        previous = snap
+    final = engine.run()  # drains the jobs still in flight
+    assert_monotonic(previous, final)
+    rt = final.runtime
+    assert in_flight_seen
+    assert rt.load_jobs > 0
+    assert rt.cpu_hit_tokens == rt.loaded_blocks == 0
+    assert rt.failed_jobs == rt.load_jobs
+    assert_settled(engine, final)
 
 
 # --------------------------------------------------------------------------- data integrity
