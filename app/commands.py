@@ -15,10 +15,6 @@ from kvoffload.runtime.snapshot import EngineSnapshot
 
 __all__ = ["apply", "unknown_policy", "version_conflict"]
 
-#: how long to wait for the engine to publish the snapshot after a command
-#: resolved (it publishes right after, so this is a bound, not a delay)
-_PUBLISH_GRACE = 1.0
-
 
 def unknown_policy(exc: PolicyError, valid: tuple[str, ...]) -> ApiError:
     return ApiError(422, "unknown_policy", str(exc), valid_policies=list(valid))
@@ -43,17 +39,6 @@ def engine_stopped(exc: Exception) -> ApiError:
     )
 
 
-def _reflects(snap: EngineSnapshot, result: CommandResult) -> bool:
-    """Whether ``snap`` was published after ``result`` was applied."""
-    if snap.policy_version < result.policy_version or snap.step < result.applied_at_step:
-        return False
-    if result.kind == "pause":
-        return snap.state != "running"
-    if result.kind == "resume":
-        return snap.state != "paused"
-    return True
-
-
 async def apply(
     engine: Engine,
     send: Callable[[], Future[CommandResult]],
@@ -61,16 +46,11 @@ async def apply(
     timeout: float,
 ) -> tuple[CommandResult, EngineSnapshot]:
     """Queue a command with ``send()``, wait at most ``timeout`` seconds for the
-    engine thread to apply it, and return the result with the first snapshot
-    that shows it (so a client's next read sees its own write)."""
+    engine thread to apply it, and return the result with the snapshot read
+    right after (the engine publishes before it resolves the future, so the
+    snapshot shows the command: a client's next read sees its own write)."""
     result = await _wait(send, timeout=timeout, valid_policies=engine.available_policies)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + _PUBLISH_GRACE
-    snap = engine.snapshot()
-    while not _reflects(snap, result) and loop.time() < deadline:
-        await asyncio.sleep(0.001)
-        snap = engine.snapshot()
-    return result, snap
+    return result, engine.snapshot()
 
 
 async def _wait(

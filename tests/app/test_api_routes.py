@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
-from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient, small_settings
 
+from app.engine_setup import engine_config, load_workload
+from app.main import create_app
+from app.settings import Settings
 from kvoffload.policies import available_policies
+from kvoffload.runtime import CommandResult, Engine, EngineObserver
 
 
 def wait_for(client: TestClient, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
@@ -206,12 +212,20 @@ def test_readyz_is_503_when_engine_stopped(client: TestClient) -> None:
     )
 
 
-def test_command_timeout_is_504(make_client: ClientFactory) -> None:
-    client = make_client(command_timeout=1e-6)
-    service = client.app.state.service  # type: ignore[attr-defined]
-    service.engine.pause().result(5.0)
-    # paused, the engine polls its queue every 0.5 s: a microsecond is too short
-    assert_error(client.post("/v1/runtime:resume", headers=ADMIN_HEADERS), 504, "engine_timeout")
+def test_command_timeout_is_504() -> None:
+    class StuckEngine(Engine):
+        def resume(self) -> Future[CommandResult]:
+            return Future()  # queued, never applied
+
+    def factory(settings: Settings, observers: Sequence[EngineObserver]) -> Engine:
+        return StuckEngine(engine_config(settings), load_workload(settings), observers)
+
+    app = create_app(small_settings(command_timeout=0.2), engine_factory=factory)
+    with TestClient(app) as client:
+        r = client.post("/v1/runtime:resume", headers=ADMIN_HEADERS)
+        assert "within 0.2 s" in assert_error(r, 504, "engine_timeout")["message"]
+        # the service stays responsive
+        assert client.get("/v1/cache", headers=READ_HEADERS).status_code == 200
 
 
 def test_metrics_come_from_the_apps_own_registry(make_client: ClientFactory) -> None:
