@@ -384,6 +384,10 @@ class Engine:
             )
             return fut
         self._commands.put((command, fut))
+        if self._state == "stopped":
+            # The engine stopped between the check above and the put: its
+            # last drain may have run before this command was queued.
+            self._fail_queued()
         return fut
 
     def _apply_commands(self, block: bool, timeout: float | None = None) -> None:
@@ -472,7 +476,11 @@ class Engine:
         self._publish()
         for obs in self.observers:
             self._notify(obs.close)
-        # Fail whatever was still queued so no caller waits forever.
+        self._fail_queued()
+        logger.info("engine stopped after %d steps; no transfer job in flight", self._c.steps)
+
+    def _fail_queued(self) -> None:
+        """Fail whatever is still queued so no caller waits forever."""
         while True:
             try:
                 item = self._commands.get_nowait()
@@ -484,7 +492,6 @@ class Engine:
                     fut.set_exception(
                         EngineStoppedError("the engine stopped before applying the command")
                     )
-        logger.info("engine stopped after %d steps; no transfer job in flight", self._c.steps)
 
     def _next_request(self) -> Request | None:
         if self._pending_request is not None:

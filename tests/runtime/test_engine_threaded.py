@@ -192,3 +192,28 @@ def test_engine_thread_finishes_a_finite_workload() -> None:
     assert result.applied_at_step == done.step
     final = engine.stop(timeout=TIMEOUT)
     assert (final.state, final.step, final.manager.policy) == ("stopped", done.step, "arc")
+
+
+class StopBeforePut:
+    """Stands in for the engine's command queue and stops the engine at the
+    first put: the interleaving where a command passes the "stopped" check,
+    then the engine finishes (failing what was queued), then the command is
+    queued."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.inner = engine._commands
+
+    def put(self, item: object) -> None:
+        self.engine._commands = self.inner
+        self.engine.stop(timeout=TIMEOUT)
+        self.inner.put(item)
+
+
+def test_engine_command_racing_with_stop_still_fails() -> None:
+    # Used to be left in the queue forever: a caller waiting on it hung.
+    engine = endless()
+    engine._commands = StopBeforePut(engine)  # type: ignore[assignment]
+    future = engine.pause()
+    assert engine.state == "stopped"
+    assert isinstance(future.exception(timeout=1.0), EngineStoppedError)
