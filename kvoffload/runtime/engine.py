@@ -106,6 +106,14 @@ class EngineConfig:
                 f"offloaded_block_size ({self.offloaded_block_size}) must be a multiple of "
                 f"gpu_block_size ({self.gpu_block_size})"
             )
+        if self.num_gpu_blocks < self.block_factor:
+            # a request keeps at least one offloaded block, and all of it
+            # must fit on the GPU at once
+            raise ConfigError(
+                f"num_gpu_blocks ({self.num_gpu_blocks}) must hold one offloaded block "
+                f"({self.block_factor} GPU blocks); raise num_gpu_blocks or lower "
+                "offloaded_block_size"
+            )
         if self.speed is not None and not self.speed > 0:
             raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")
         if not 0.0 <= self.inject_failure_rate <= 1.0:

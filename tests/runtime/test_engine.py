@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvoffload.errors import PolicyError
+from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.mediums import CPULoadStoreSpec
 from kvoffload.runtime.commands import CommandResult, VersionConflictError
 from kvoffload.runtime.engine import Engine, EngineConfig
@@ -232,6 +232,18 @@ def test_engine_publishes_the_snapshot_before_resolving_a_command() -> None:
     assert (after_switch.manager.policy, after_switch.policy_version) == ("arc", 2)
     assert after_reset.manager.used == 0
     assert after_reset.step == reset.result().applied_at_step == 5
+
+
+def test_engine_config_rejects_a_gpu_cache_smaller_than_an_offloaded_block() -> None:
+    # Used to be accepted, then the first request of a full offloaded block
+    # raised ConfigError inside a step (and stopped a background engine).
+    with pytest.raises(ConfigError, match="num_gpu_blocks"):
+        small_config(num_gpu_blocks=3)  # 4 GPU blocks per offloaded block
+    engine = Engine(small_config(num_gpu_blocks=4, num_cpu_blocks=8), synthetic(num_requests=40))
+    snap = engine.run()
+    assert snap.runtime.requests == 40
+    assert snap.runtime.cpu_hit_tokens > 0
+    assert_settled(engine, snap)
 
 
 # --------------------------------------------------------------------------- policy switch
