@@ -122,20 +122,6 @@ class CountingWorkload(Workload):
         return self.inner.describe()
 
 
-# --------------------------------------------------------------------------- snapshots
-
-
-def test_engine_describes_the_workload_once_not_per_snapshot() -> None:
-    # A trace's describe() scans every request: per snapshot it made a replay
-    # quadratic in the trace length.
-    workload = CountingWorkload(synthetic(num_requests=40))
-    engine = Engine(small_config(), workload)
-    snap = engine.run()
-    assert snap.step >= 10
-    assert workload.describe_calls == 1
-    assert snap.workload == engine.workload_description == workload.inner.describe()
-
-
 # --------------------------------------------------------------------------- helpers
 
 
@@ -213,6 +199,20 @@ def assert_transfer_accounting(engine: Engine, snap: EngineSnapshot) -> None:
 
 
 LAYOUTS: tuple[Layout, ...] = ("kv_first", "blocks_first")
+
+
+# --------------------------------------------------------------------------- snapshots and config
+
+
+def test_engine_describes_the_workload_once_not_per_snapshot() -> None:
+    # A trace's describe() scans every request: per snapshot it made a replay
+    # quadratic in the trace length.
+    workload = CountingWorkload(synthetic(num_requests=40))
+    engine = Engine(small_config(), workload)
+    snap = engine.run()
+    assert snap.step >= 10
+    assert workload.describe_calls == 1
+    assert snap.workload == engine.workload_description == workload.inner.describe()
 
 
 def test_engine_publishes_the_snapshot_before_resolving_a_command() -> None:
@@ -389,12 +389,13 @@ def test_engine_with_a_failing_handler_stores_nothing_and_leaks_nothing(
 
 def test_engine_some_refused_stores_fail_only_their_blocks() -> None:
     config = small_config()
-    # refuse the 2nd, 4th, 6th... job; accepted jobs copy nothing (the fake's
-    # rows are not the engine's tensors), so only stores are checked
+    # Refuse the 2nd, 4th, 6th... job. Accepted jobs copy nothing (the fake's
+    # rows are not the engine's tensors), so the run stays within one step:
+    # its stores finish at its end, no lookup can hit, and nothing is loaded.
     handler = in_memory_handler(config, refuse_job_ids=range(2, 2000, 2), strict=False)
     engine = Engine(config, synthetic(num_requests=60), handler=handler)
-    # no loads: lookups never hit because every stored block is dropped at once
     snap = engine.run(max_steps=1)
+    assert snap.runtime.load_jobs == 0
     assert snap.runtime.store_jobs >= 2
     assert 0 < snap.runtime.failed_jobs < snap.runtime.store_jobs
     c = snap.manager.counters
