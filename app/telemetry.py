@@ -1,0 +1,259 @@
+"""OpenTelemetry SDK wiring for the service: the only place the SDK is configured.
+
+:func:`setup_telemetry` reads the standard ``OTEL_*`` environment variables
+and returns a :class:`Telemetry` holding the providers to hand to
+:class:`kvoffload.instrumentation.TracingObserver`:
+
+- a signal is exported only when an OTLP endpoint is set for it
+  (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_{TRACES,LOGS,METRICS}_ENDPOINT``);
+  with none set the providers are ``None``: nothing is exported, no thread
+  is started, nothing is logged;
+- ``OTEL_SDK_DISABLED=true`` turns everything off; ``OTEL_{TRACES,LOGS,METRICS}_EXPORTER=none``
+  turns one signal off;
+- export is OTLP over HTTP/protobuf through batch processors, so a slow or
+  failing collector costs the engine nothing but dropped telemetry;
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured; unset,
+  the sampler is ``parentbased_traceidratio`` at :data:`DEFAULT_SAMPLING_RATIO`.
+
+The exporters read the other OTLP variables themselves (headers, timeout,
+compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
+``OTEL_BLRP_*``. Global providers are left alone unless ``set_global=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    OTELResourceDetector,
+    Resource,
+)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+
+from kvoffload._version import __version__
+from kvoffload.instrumentation.tracing import TracingObserver
+
+__all__ = [
+    "DEFAULT_SAMPLING_RATIO",
+    "DEFAULT_SERVICE_NAME",
+    "Telemetry",
+    "endpoint_configured",
+    "service_instance_id",
+    "setup_telemetry",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "kvoffload"
+#: one engine step in a hundred is traced when OTEL_TRACES_SAMPLER is unset
+DEFAULT_SAMPLING_RATIO = 0.01
+
+_SIGNALS = ("traces", "logs", "metrics")
+_SUPPORTED_PROTOCOL = "http/protobuf"
+
+
+def _env(environ: Mapping[str, str], name: str) -> str:
+    return environ.get(name, "").strip()
+
+
+def endpoint_configured(signal: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether an OTLP endpoint is set for ``signal`` (traces, logs, metrics)."""
+    env = os.environ if environ is None else environ
+    return bool(
+        _env(env, f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+        or _env(env, "OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+def _wanted(signal: str, environ: Mapping[str, str]) -> bool:
+    """Export ``signal``? An endpoint is set and its exporter is not ``none``."""
+    if not endpoint_configured(signal, environ):
+        return False
+    exporter = _env(environ, f"OTEL_{signal.upper()}_EXPORTER").lower() or "otlp"
+    names = {n.strip() for n in exporter.split(",") if n.strip()}
+    if names == {"none"}:
+        return False
+    if "otlp" not in names:
+        logger.warning(
+            "OTEL_%s_EXPORTER=%s is not supported (only otlp or none); %s are not exported",
+            signal.upper(),
+            exporter,
+            signal,
+        )
+        return False
+    protocol = (
+        _env(environ, f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+        or _env(environ, "OTEL_EXPORTER_OTLP_PROTOCOL")
+        or _SUPPORTED_PROTOCOL
+    )
+    if protocol != _SUPPORTED_PROTOCOL:
+        logger.warning(
+            "OTLP protocol %r is not supported for %s; exporting over %s anyway "
+            "(point the endpoint at the collector's OTLP/HTTP port, usually 4318)",
+            protocol,
+            signal,
+            _SUPPORTED_PROTOCOL,
+        )
+    return True
+
+
+def _disabled(environ: Mapping[str, str]) -> bool:
+    return _env(environ, "OTEL_SDK_DISABLED").lower() == "true"
+
+
+_instance: tuple[int, str] | None = None
+
+
+def service_instance_id() -> str:
+    """A random id for this process (a forked child gets its own)."""
+    global _instance
+    pid = os.getpid()
+    if _instance is None or _instance[0] != pid:
+        _instance = (pid, str(uuid.uuid4()))
+    return _instance[1]
+
+
+def _resource(service_version: str) -> Resource:
+    """``service.*`` defaults under whatever OTEL_SERVICE_NAME /
+    OTEL_RESOURCE_ATTRIBUTES say (the environment wins)."""
+    from_env = OTELResourceDetector().detect().attributes
+    defaults = {
+        SERVICE_NAME: DEFAULT_SERVICE_NAME,
+        SERVICE_VERSION: service_version,
+        SERVICE_INSTANCE_ID: service_instance_id(),
+    }
+    return Resource.create({k: v for k, v in defaults.items() if k not in from_env})
+
+
+def _sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler | None:
+    """``None`` lets the SDK read OTEL_TRACES_SAMPLER(_ARG) itself."""
+    if _env(environ, "OTEL_TRACES_SAMPLER"):
+        return None
+    return ParentBased(TraceIdRatioBased(default_ratio))
+
+
+@dataclass(eq=False)
+class Telemetry:
+    """The configured providers (``None`` for a signal that is not exported)."""
+
+    tracer_provider: TracerProvider | None = None
+    logger_provider: LoggerProvider | None = None
+    meter_provider: MeterProvider | None = None
+    resource: Resource | None = None
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def exporting(self) -> bool:
+        """Whether any signal is exported."""
+        return any(
+            p is not None for p in (self.tracer_provider, self.logger_provider, self.meter_provider)
+        )
+
+    def tracing_observer(self) -> TracingObserver:
+        """An engine observer emitting spans and log records to these providers
+        (inert when neither is configured)."""
+        return TracingObserver(self.tracer_provider, self.logger_provider)
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Export what is buffered; ``False`` if a provider ran out of time."""
+        millis = int(timeout_s * 1000)
+        ok = True
+        for p in (self.tracer_provider, self.logger_provider, self.meter_provider):
+            if p is not None:
+                ok = bool(p.force_flush(millis)) and ok
+        return ok
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Flush, then stop the export threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.exporting:
+            return
+        if not self.force_flush(timeout_s):
+            logger.warning("telemetry flush did not finish within %.1f s", timeout_s)
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.logger_provider is not None:
+            self.logger_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+
+
+def setup_telemetry(
+    *,
+    service_version: str = __version__,
+    metrics: bool = False,
+    default_sampling_ratio: float = DEFAULT_SAMPLING_RATIO,
+    set_global: bool = False,
+) -> Telemetry:
+    """Build providers from the ``OTEL_*`` environment (see the module doc).
+
+    Args:
+        service_version: ``service.version`` of the resource.
+        metrics: also build an OTLP :class:`MeterProvider` (off by default:
+            the service's metrics are scraped from ``/metrics``).
+        default_sampling_ratio: trace-id ratio when ``OTEL_TRACES_SAMPLER``
+            is unset.
+        set_global: also install the providers as the process-wide OTel
+            globals (for third-party instrumentation; kvoffload never needs it).
+    """
+    env = os.environ
+    if _disabled(env):
+        return Telemetry()
+    want = {s: _wanted(s, env) for s in _SIGNALS}
+    if not want["traces"] and not want["logs"] and not (metrics and want["metrics"]):
+        return Telemetry()
+
+    # Imported here so that a service without an endpoint never loads them.
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    resource = _resource(service_version)
+    telemetry = Telemetry(resource=resource)
+    if want["traces"]:
+        tp = TracerProvider(resource=resource, sampler=_sampler(env, default_sampling_ratio))
+        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        telemetry.tracer_provider = tp
+    if want["logs"]:
+        lp = LoggerProvider(resource=resource)
+        lp.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+        telemetry.logger_provider = lp
+    if metrics and want["metrics"]:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        telemetry.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    if set_global:
+        _install_globals(telemetry)
+    logger.info(
+        "OpenTelemetry export on: traces=%s logs=%s metrics=%s",
+        telemetry.tracer_provider is not None,
+        telemetry.logger_provider is not None,
+        telemetry.meter_provider is not None,
+    )
+    return telemetry
+
+
+def _install_globals(telemetry: Telemetry) -> None:
+    from opentelemetry import _logs, metrics, trace
+
+    if telemetry.tracer_provider is not None:
+        trace.set_tracer_provider(telemetry.tracer_provider)
+    if telemetry.logger_provider is not None:
+        _logs.set_logger_provider(telemetry.logger_provider)
+    if telemetry.meter_provider is not None:
+        metrics.set_meter_provider(telemetry.meter_provider)

@@ -1,0 +1,303 @@
+"""app/telemetry.py: OTLP/HTTP export end to end into a local receiver,
+configured only through OTEL_* variables; silence when nothing is configured."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+from app.telemetry import DEFAULT_SAMPLING_RATIO, Telemetry, setup_telemetry
+from kvoffload.runtime.commands import CommandResult
+
+from .test_tracing import _one_step
+
+
+@dataclass
+class Receiver:
+    """A minimal OTLP/HTTP receiver on 127.0.0.1 that decodes what it gets."""
+
+    url: str
+    traces: list[ExportTraceServiceRequest] = field(default_factory=list)
+    logs: list[ExportLogsServiceRequest] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    #: while cleared, requests wait (up to 10 s) before being answered
+    open: threading.Event = field(default_factory=threading.Event)
+    first_request: threading.Event = field(default_factory=threading.Event)
+
+    def spans(self) -> list[Any]:
+        return [
+            span
+            for req in self.traces
+            for rs in req.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
+
+    def log_records(self) -> list[Any]:
+        return [
+            rec
+            for req in self.logs
+            for rl in req.resource_logs
+            for sl in rl.scope_logs
+            for rec in sl.log_records
+        ]
+
+
+def _value(v: AnyValue) -> object:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def _attrs(kvs: Any) -> dict[str, object]:
+    return {kv.key: _value(kv.value) for kv in kvs if isinstance(kv, KeyValue)}
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    state: dict[str, Receiver] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            rec = state["r"]
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            rec.first_request.set()
+            rec.open.wait(10)
+            rec.paths.append(self.path)
+            if self.path == "/v1/traces":
+                rec.traces.append(ExportTraceServiceRequest.FromString(body))
+                reply = ExportTraceServiceResponse().SerializeToString()
+            elif self.path == "/v1/logs":
+                rec.logs.append(ExportLogsServiceRequest.FromString(body))
+                reply = ExportLogsServiceResponse().SerializeToString()
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    host, port = server.server_address[:2]
+    r = Receiver(url=f"http://{host!s}:{port}")
+    r.open.set()
+    state["r"] = r
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield r
+    r.open.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+@pytest.fixture
+def telemetry_teardown() -> Iterator[list[Telemetry]]:
+    made: list[Telemetry] = []
+    yield made
+    for t in made:
+        t.shutdown()
+
+
+def test_telemetry_exports_spans_and_logs_over_otlp_http(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    clean_env.setenv("OTEL_SERVICE_NAME", "kvoffload-e2e")
+    telemetry = setup_telemetry(service_version="9.9.9")
+    telemetry_teardown.append(telemetry)
+    assert telemetry.exporting
+    obs = telemetry.tracing_observer()
+    _one_step(obs)
+    obs.command_applied(CommandResult("switch_policy", 1, "arc", 2, {"from": "lru"}))
+    telemetry.shutdown()
+
+    assert set(receiver.paths) == {"/v1/traces", "/v1/logs"}
+    spans = receiver.spans()
+    assert sorted(s.name for s in spans) == [
+        "kvoffload.request",
+        "kvoffload.step",
+        "kvoffload.transfer",
+        "kvoffload.transfer",
+    ]
+    (step,) = [s for s in spans if s.name == "kvoffload.step"]
+    assert _attrs(step.attributes) == {"kvoffload.step": 1, "kvoffload.step.requests": 1}
+    transfers = {
+        _attrs(s.attributes)["kvoffload.transfer.direction"]: s
+        for s in spans
+        if s.name == "kvoffload.transfer"
+    }
+    assert _attrs(transfers["store"].attributes) == {
+        "kvoffload.transfer.job_id": 7,
+        "kvoffload.transfer.direction": "store",
+        "kvoffload.transfer.blocks": 4,
+        "kvoffload.transfer.bytes": 65536,
+        "kvoffload.transfer.outcome": "ok",
+    }
+    assert transfers["store"].parent_span_id == step.span_id
+    assert transfers["store"].trace_id == step.trace_id
+    (req,) = [s for s in spans if s.name == "kvoffload.request"]
+    assert _attrs(req.attributes)["gen_ai.usage.cache_read.input_tokens"] == 192
+
+    resource = _attrs(receiver.traces[0].resource_spans[0].resource.attributes)
+    assert resource["service.name"] == "kvoffload-e2e"
+    assert resource["service.version"] == "9.9.9"
+    assert len(str(resource["service.instance.id"])) == 36
+
+    records = receiver.log_records()
+    by_event = {r.event_name: r for r in records}
+    assert set(by_event) == {"kvoffload.eviction", "kvoffload.policy_switch"}
+    eviction = by_event["kvoffload.eviction"]
+    assert eviction.trace_id == step.trace_id and eviction.span_id == step.span_id
+    assert _attrs(eviction.attributes)["kvoffload.eviction.blocks"] == 5
+    assert _attrs(by_event["kvoffload.policy_switch"].attributes)["kvoffload.policy"] == "arc"
+
+
+def test_telemetry_signal_endpoint_and_exporter_none(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url + "/v1/traces")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.tracer_provider is not None and telemetry.logger_provider is None
+    _one_step(telemetry.tracing_observer())
+    telemetry.shutdown()
+    assert receiver.paths == ["/v1/traces"]
+
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert not setup_telemetry().exporting
+
+
+def test_telemetry_default_resource_and_sampler(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    a = setup_telemetry()
+    b = setup_telemetry()
+    telemetry_teardown.extend([a, b])
+    assert a.tracer_provider is not None and a.resource is not None and b.resource is not None
+    assert a.resource.attributes["service.name"] == "kvoffload"
+    instance = a.resource.attributes["service.instance.id"]
+    assert instance == b.resource.attributes["service.instance.id"]  # one id per process
+    description = a.tracer_provider.sampler.get_description()
+    assert description.startswith("ParentBased")
+    assert str(DEFAULT_SAMPLING_RATIO) in description
+
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", "0.25")
+    clean_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attrs,deployment.environment=t")
+    c = setup_telemetry()
+    telemetry_teardown.append(c)
+    assert c.tracer_provider is not None and c.resource is not None
+    assert "0.25" in c.tracer_provider.sampler.get_description()
+    assert c.resource.attributes["service.name"] == "from-attrs"
+    assert c.resource.attributes["deployment.environment"] == "t"
+
+
+def test_telemetry_slow_collector_does_not_block_the_engine_thread(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    clean_env.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    clean_env.setenv("OTEL_BLRP_SCHEDULE_DELAY", "10")
+    receiver.open.clear()  # the collector hangs
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    obs = telemetry.tracing_observer()
+    _one_step(obs, 1)
+    assert receiver.first_request.wait(10), "nothing was exported"
+    for step in range(2, 200):  # keeps producing while the export is stuck
+        _one_step(obs, step)
+    assert not receiver.open.is_set() and not receiver.traces  # still stuck
+    receiver.open.set()
+    telemetry.shutdown()
+    assert len([s for s in receiver.spans() if s.name == "kvoffload.step"]) == 199
+
+
+def test_telemetry_without_endpoint_exports_and_logs_nothing(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    threads_before = {t.ident for t in threading.enumerate()}
+    clean_env.setenv("OTEL_SERVICE_NAME", "x")  # not an endpoint
+    telemetry = setup_telemetry()
+    assert not telemetry.exporting
+    assert telemetry.tracer_provider is None and telemetry.logger_provider is None
+    obs = telemetry.tracing_observer()
+    for step in range(1, 20):
+        _one_step(obs, step)
+    obs.command_applied(CommandResult("switch_policy", 19, "arc", 2, {"from": "lru"}))
+    obs.close()
+    telemetry.shutdown()
+    telemetry.shutdown()
+    time.sleep(0.05)
+    assert {t.ident for t in threading.enumerate()} <= threads_before, "an export thread started"
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_telemetry_sdk_disabled_exports_nothing(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    clean_env.setenv("OTEL_SDK_DISABLED", "true")
+    telemetry = setup_telemetry()
+    assert not telemetry.exporting
+    _one_step(telemetry.tracing_observer())
+    telemetry.shutdown()
+    assert receiver.paths == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_telemetry_unsupported_exporter_is_a_warning(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
+    telemetry = setup_telemetry()
+    assert not telemetry.exporting
+    assert any("zipkin" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_telemetry_does_not_set_global_providers(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    from opentelemetry import _logs, trace
+
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    before = (trace.get_tracer_provider(), _logs.get_logger_provider())
+    telemetry_teardown.append(setup_telemetry())
+    assert (trace.get_tracer_provider(), _logs.get_logger_provider()) == before
