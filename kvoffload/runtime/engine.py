@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backends.cpu import CPUBackend
@@ -205,6 +205,8 @@ class _Counters:
 
 
 _STOP = object()
+#: what the command queue holds besides ``_STOP``
+_Queued = tuple[Command, "concurrent.futures.Future[CommandResult]"]
 
 
 class Engine:
@@ -386,16 +388,16 @@ class Engine:
 
     def _submit(self, command: Command) -> concurrent.futures.Future[CommandResult]:
         fut: concurrent.futures.Future[CommandResult] = concurrent.futures.Future()
+        if self._state != "stopped":
+            self._commands.put((command, fut))
+        # Checked after the put too: an engine that stopped in between may
+        # have run its last drain before this command was queued.
         if self._state == "stopped":
-            fut.set_exception(
-                EngineStoppedError("the engine has stopped; commands are not applied")
-            )
-            return fut
-        self._commands.put((command, fut))
-        if self._state == "stopped":
-            # The engine stopped between the check above and the put: its
-            # last drain may have run before this command was queued.
             self._fail_queued()
+            if not fut.done():
+                fut.set_exception(
+                    EngineStoppedError("the engine has stopped; commands are not applied")
+                )
         return fut
 
     def _apply_commands(self, block: bool, timeout: float | None = None) -> None:
@@ -408,7 +410,7 @@ class Engine:
             if item is _STOP:
                 self._stop_requested = True
                 continue
-            command, fut = item  # type: ignore[misc]
+            command, fut = cast(_Queued, item)
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -495,7 +497,7 @@ class Engine:
             except queue.Empty:
                 break
             if item is not _STOP:
-                _, fut = item  # type: ignore[misc]
+                _, fut = cast(_Queued, item)
                 if fut.set_running_or_notify_cancel():
                     fut.set_exception(
                         EngineStoppedError("the engine stopped before applying the command")
