@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -362,7 +363,7 @@ def in_memory_handler(
     ],
 )
 def test_engine_with_a_failing_handler_stores_nothing_and_leaks_nothing(
-    handler_kw: dict[str, object],
+    handler_kw: dict[str, Any],
 ) -> None:
     config = small_config()
     handler = in_memory_handler(config, **handler_kw)
