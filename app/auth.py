@@ -75,7 +75,7 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+async def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
     """Allow the read token or the admin token (or anyone, if reads are open)."""
     settings = _settings(request)
     if settings.read_token is None:
@@ -90,7 +90,7 @@ def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)])
         )
 
 
-def require_admin(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+async def require_admin(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
     """Allow the admin token only; 403 when admin routes are disabled."""
     settings = _settings(request)
     if settings.admin_token is None:

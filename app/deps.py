@@ -1,5 +1,9 @@
 """Dependencies of the routes, as ``Annotated`` aliases.
 
+Every dependency is ``async`` although none awaits: FastAPI runs plain
+functions in its threadpool, and a thread hop per dependency would cost more
+than the work (and contend for the GIL with the engine thread).
+
 ``ReadAccess`` / ``AdminAccess`` guard a route; ``ServiceDep`` / ``EngineDep``
 hand it what the lifespan built.
 """
@@ -35,7 +39,7 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
-def reject_unknown_query_params(request: Request) -> None:
+async def reject_unknown_query_params(request: Request) -> None:
     """A misspelt query parameter is an error, not silently ignored."""
     if not request.query_params:
         return
@@ -53,18 +57,18 @@ def reject_unknown_query_params(request: Request) -> None:
         )
 
 
-def get_service(request: Request) -> ServiceState:
+async def get_service(request: Request) -> ServiceState:
     service: ServiceState | None = getattr(request.app.state, "service", None)
     if service is None:
         raise ApiError(503, "not_ready", "the service is starting or stopping; retry shortly")
     return service
 
 
-def get_engine(service: Annotated[ServiceState, Depends(get_service)]) -> Engine:
+async def get_engine(service: Annotated[ServiceState, Depends(get_service)]) -> Engine:
     return service.engine
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 

@@ -16,11 +16,11 @@ __all__ = ["ServiceState", "SnapshotCache"]
 
 
 class SnapshotCache:
-    """The serialised body of the last snapshot served.
+    """A rendering (JSON body, metrics exposition) of the last snapshot served.
 
     Pollers often ask again before the engine publishes a new snapshot; they
-    then get the same bytes without re-encoding. The pair is swapped in one
-    assignment, so readers never see a body from another snapshot. Nothing
+    then get the same bytes without rendering again. The pair is swapped in
+    one assignment, so readers never see a body from another snapshot. Nothing
     here is shared with the engine thread.
     """
 
@@ -47,3 +47,4 @@ class ServiceState:
     #: set when the server begins to shut down: live streams end
     stopping: threading.Event = field(default_factory=threading.Event)
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
+    metrics_body: SnapshotCache = field(default_factory=SnapshotCache)

@@ -297,3 +297,26 @@ def test_errors_are_json_and_4xx(client: TestClient) -> None:
     wrong_method = client.delete("/v1/policy", headers=ADMIN_HEADERS)
     assert_error(wrong_method, 405, "method_not_allowed")
     assert set(wrong_method.headers["allow"].split(", ")) == {"GET", "PUT"}
+
+
+def test_metrics_follow_the_snapshot(client: TestClient) -> None:
+    client.post("/v1/runtime:pause", headers=ADMIN_HEADERS)
+    first = client.get("/metrics", headers=READ_HEADERS).text
+    assert client.get("/metrics", headers=READ_HEADERS).text == first  # same snapshot
+    client.put("/v1/policy", headers=ADMIN_HEADERS, json={"policy": "arc"})
+    after = client.get("/metrics", headers=READ_HEADERS).text
+    assert 'kvoffload_policy_info{policy="arc"} 1.0' in after
+
+
+def test_docs_list_every_setting_and_route(client: TestClient) -> None:
+    from pathlib import Path
+
+    from app.flags import ENV_ONLY, env_name, flag_name
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`{env_name(name)}`" in text, name
+        if name not in ENV_ONLY:
+            assert flag_name(name) in text, name
+    for path in client.get("/openapi.json").json()["paths"]:
+        assert f"`{path}" in text, path

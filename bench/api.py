@@ -1,0 +1,314 @@
+"""Admin API latency under load, and what that load costs the engine.
+
+Starts ``kvoffload serve`` as a subprocess on loopback (built-in workload,
+as fast as possible), lets it warm up, then alternates phases of equal length:
+
+* **idle**: nothing but two ``GET /v1/cache`` reads, one at each end of the
+  phase, to read the engine's step counter;
+* **load**: an open-loop generator in this process sends ``GET /v1/cache`` or
+  ``GET /metrics`` at a fixed rate (50 and 200 requests/s) over keep-alive
+  connections, and records each request's latency.
+
+Engine throughput is steps per second of the server's own clock (snapshot
+step and timestamp) over each phase; a load phase is compared with the mean
+of the idle phases just before and after it, which cancels drift in the
+workload. Prints p50/p99 latency per route and rate (from when each request
+was due, so client-side queueing counts), steps/s idle vs loaded and their
+ratio (target: >= 0.9), and the CPU cores the server process used: on a
+machine with other busy processes the server gets less than it asks for and
+the ratio suffers from that too (the load average is printed).
+
+    .venv/bin/python bench/api.py [--duration 5] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUTES = ("/v1/cache", "/metrics")
+RATES = (50, 200)
+TARGET_RATIO = 0.9
+
+
+@dataclass(frozen=True)
+class Phase:
+    steps: int
+    seconds: float
+    #: CPU seconds the server process used (all threads); NaN off Linux
+    cpu_seconds: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cores(self) -> float:
+        return self.cpu_seconds / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class Row:
+    route: str
+    rate: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    achieved_rate: float
+    idle_steps_per_s: float
+    loaded_steps_per_s: float
+    idle_cores: float
+    loaded_cores: float
+
+    @property
+    def ratio(self) -> float:
+        if not self.idle_steps_per_s:
+            return 0.0
+        return self.loaded_steps_per_s / self.idle_steps_per_s
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc), else NaN."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_server(port: int, extra: list[str]) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "kvoffload.cli", "serve", "--port", str(port), *extra]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("server not ready in time")
+
+
+def engine_clock(client: httpx.Client) -> tuple[int, float]:
+    view = client.get("/v1/cache").json()
+    return int(view["step"]), float(view["timestamp"])
+
+
+def idle_phase(pid: int, client: httpx.Client, seconds: float) -> Phase:
+    step0, t0 = engine_clock(client)
+    cpu0 = process_cpu(pid)
+    time.sleep(seconds)
+    cpu1 = process_cpu(pid)
+    step1, t1 = engine_clock(client)
+    return Phase(step1 - step0, t1 - t0, cpu1 - cpu0)
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol
+    for GETs with a Content-Length answer: a client this lean leaves the CPU
+    to the server being measured."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def get(self, request: bytes) -> int:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length:
+            await self.reader.readexactly(length)
+        return status
+
+
+async def _load(port: int, route: str, rate: int, seconds: float) -> tuple[list[float], int]:
+    """Open loop: request i is sent at start + i/rate whatever the answers do,
+    on an idle keep-alive connection (a new one when all are busy)."""
+    request = f"GET {route} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    idle: list[_Connection] = []
+    opened: list[_Connection] = []
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(scheduled: float) -> None:
+        nonlocal errors
+        conn = idle.pop() if idle else None
+        try:
+            if conn is None:
+                conn = _Connection(*await asyncio.open_connection("127.0.0.1", port))
+                opened.append(conn)
+            status = await conn.get(request)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            errors += 1
+            return
+        # latency from when the request was due: queueing in this client counts
+        latencies.append(time.perf_counter() - scheduled)
+        if status == 200:
+            idle.append(conn)
+        else:
+            errors += 1
+
+    n = int(rate * seconds)
+    start = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(due)))
+    await asyncio.gather(*tasks)
+    for conn in opened:
+        conn.writer.close()
+    return latencies, errors
+
+
+def load_phase(
+    pid: int, port: int, client: httpx.Client, route: str, rate: int, seconds: float
+) -> tuple[Phase, list[float], int, float]:
+    step0, t0 = engine_clock(client)
+    cpu0 = process_cpu(pid)
+    wall0 = time.perf_counter()
+    latencies, errors = asyncio.run(_load(port, route, rate, seconds))
+    wall = time.perf_counter() - wall0
+    cpu1 = process_cpu(pid)
+    step1, t1 = engine_clock(client)
+    achieved = (len(latencies) + errors) / wall if wall > 0 else 0.0
+    return Phase(step1 - step0, t1 - t0, cpu1 - cpu0), latencies, errors, achieved
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def run(duration: float, warmup: float, server_args: list[str]) -> list[Row]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_server(port, server_args)
+    rows: list[Row] = []
+    try:
+        wait_ready(base, proc)
+        with httpx.Client(base_url=base, timeout=10.0) as client:
+            time.sleep(warmup)
+            before = idle_phase(proc.pid, client, duration)
+            for route in ROUTES:
+                for rate in RATES:
+                    loaded, latencies, errors, achieved = load_phase(
+                        proc.pid, port, client, route, rate, duration
+                    )
+                    after = idle_phase(proc.pid, client, duration)
+                    idle = (before.steps_per_second + after.steps_per_second) / 2
+                    rows.append(
+                        Row(
+                            route=route,
+                            rate=rate,
+                            requests=len(latencies) + errors,
+                            errors=errors,
+                            p50_ms=1000 * statistics.median(latencies) if latencies else 0.0,
+                            p99_ms=1000 * percentile(latencies, 0.99),
+                            max_ms=1000 * max(latencies, default=0.0),
+                            achieved_rate=achieved,
+                            idle_steps_per_s=idle,
+                            loaded_steps_per_s=loaded.steps_per_second,
+                            idle_cores=(before.cores + after.cores) / 2,
+                            loaded_cores=loaded.cores,
+                        )
+                    )
+                    before = after
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return rows
+
+
+def print_table(rows: list[Row], server_args: list[str]) -> None:
+    print(f"kvoffload serve {' '.join(server_args)}  (built-in workload, full speed)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    header = (
+        f"{'route':<10} {'req/s':>6} {'sent':>6} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'max ms':>8} {'steps/s idle':>13} {'loaded':>8} {'ratio':>6} "
+        f"{'srv cores idle':>15} {'loaded':>7}"
+    )
+    print(header)
+    for r in rows:
+        print(
+            f"{r.route:<10} {r.rate:>6} {r.requests:>6} {r.errors:>4} {r.p50_ms:>8.2f} "
+            f"{r.p99_ms:>8.2f} {r.max_ms:>8.2f} {r.idle_steps_per_s:>13.1f} "
+            f"{r.loaded_steps_per_s:>8.1f} {r.ratio:>6.3f} {r.idle_cores:>15.2f} "
+            f"{r.loaded_cores:>7.2f}"
+        )
+    worst = min((r.ratio for r in rows), default=0.0)
+    verdict = "ok" if worst >= TARGET_RATIO else "BELOW TARGET"
+    print(
+        f"worst engine throughput ratio under load: {worst:.3f} "
+        f"(target >= {TARGET_RATIO}) {verdict}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--quick", action="store_true", help="2 s phases, 1 s warm-up")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "server_args",
+        nargs="*",
+        help="extra 'kvoffload serve' flags (after --), e.g. -- --capacity 4096",
+    )
+    args = parser.parse_args(argv)
+    duration, warmup = (2.0, 1.0) if args.quick else (args.duration, args.warmup)
+    rows = run(duration, warmup, args.server_args)
+    if args.json:
+        print(json.dumps([{**asdict(r), "ratio": r.ratio} for r in rows], indent=2))
+    else:
+        print_table(rows, args.server_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
