@@ -79,7 +79,7 @@ def _family(name: str, labels: Sequence[str] = (), samples: Iterable[Sample] = (
     elif spec.type == "gauge":
         fam = GaugeMetricFamily(spec.name, spec.help, labels=labels)
     else:
-        raise TypeError(f"{name} is a {spec.type}; build it with _histogram_family")
+        raise TypeError(f"{name} is a {spec.type}: build it with HistogramMetricFamily")
     for label_values, value in samples:
         fam.add_metric(label_values, value)
     return fam
