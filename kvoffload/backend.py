@@ -50,6 +50,11 @@ class Backend(ABC):
     def free(self, block: BlockStatus) -> None:
         """Return a block's space to the backend."""
 
+    def free_blocks(self, blocks: Iterable[BlockStatus]) -> None:
+        """Free several blocks, in order (backends may do it in one go)."""
+        for block in blocks:
+            self.free(block)
+
     @abstractmethod
     def get_load_store_spec(
         self, block_hashes: Iterable[BlockHash], blocks: Iterable[BlockStatus]

@@ -192,8 +192,7 @@ class PolicyOffloadingManager(OffloadingManager):
         # Ordered dedupe; doubles as the protected set (defects 5 and 6).
         named = dict.fromkeys(block_hashes)
         policy = self._policy
-        get = policy.get
-        to_store = [h for h in named if get(h) is None]
+        to_store = policy.absent(named)
         backend = self.backend
         n_evict = len(to_store) - backend.get_num_free_blocks()
         evicted: list[BlockHash] = []
@@ -203,19 +202,20 @@ class PolicyOffloadingManager(OffloadingManager):
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
                 return None
-            free = backend.free
+            backend.free_blocks([v[1] for v in victims])
+            evicted = [v[0] for v in victims]
+            sources = [v[2] for v in victims]
             counts = self._evictions
-            for h, b, src in victims:
-                free(b)
-                evicted.append(h)
-                counts[src] = counts.get(src, 0) + 1
+            for src in set(sources):
+                counts[src] = counts.get(src, 0) + sources.count(src)
             if self.event_log is not None:
                 self.event_log.append("removed", evicted, self._block_size, self._medium)
         blocks = backend.allocate_blocks(to_store)
         policy.insert(to_store, blocks)
-        self._in_flight += len(to_store)
-        self._store_prepared += len(to_store)
-        self._skipped_present += len(named) - len(to_store)
+        n = len(to_store)
+        self._in_flight += n
+        self._store_prepared += n
+        self._skipped_present += len(named) - n
         return PrepareStoreOutput(
             block_hashes_to_store=to_store,
             store_spec=backend.get_load_store_spec(to_store, blocks),
@@ -229,8 +229,7 @@ class PolicyOffloadingManager(OffloadingManager):
         hash that was never prepared (or already failed)."""
         hashes = _as_list(block_hashes)
         policy = self._policy
-        get = policy.get
-        blocks = [get(h) for h in hashes]
+        blocks = policy.get_many(hashes)
         if None in blocks:
             missing = hashes[blocks.index(None)]
             raise BlockStateError(

@@ -52,15 +52,22 @@ class CPUBackend(Backend):
             )
         fresh = min(n, self.num_blocks - self.num_allocated_blocks)
         start = self.num_allocated_blocks
-        blocks: list[BlockStatus] = [CPUBlockStatus(i) for i in range(start, start + fresh)]
+        blocks: list[BlockStatus] = list(map(CPUBlockStatus, range(start, start + fresh)))
         self.num_allocated_blocks = start + fresh
-        pop = self.allocated_blocks_free_list.pop
-        blocks.extend(CPUBlockStatus(pop()) for _ in range(n - fresh))
+        reuse = n - fresh
+        if reuse:
+            free_list = self.allocated_blocks_free_list
+            # last in, first out: the most recently freed id goes first
+            blocks.extend(map(CPUBlockStatus, free_list[: -reuse - 1 : -1]))
+            del free_list[-reuse:]
         return blocks
 
     def free(self, block: BlockStatus) -> None:
         assert isinstance(block, CPUBlockStatus)
         self.allocated_blocks_free_list.append(block.block_id)
+
+    def free_blocks(self, blocks: Iterable[BlockStatus]) -> None:
+        self.allocated_blocks_free_list.extend([b.block_id for b in blocks])  # type: ignore[attr-defined]
 
     def get_load_store_spec(
         self, block_hashes: Iterable[BlockHash], blocks: Iterable[BlockStatus]

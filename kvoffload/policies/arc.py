@@ -11,11 +11,12 @@ the other list when the preferred one has nothing evictable.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.base import EvictionPolicy, Victim
+from kvoffload.policies.lru import take_evictable
 
 
 class ARCPolicy(EvictionPolicy):
@@ -44,6 +45,14 @@ class ARCPolicy(EvictionPolicy):
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.t1 or block_hash in self.t2
+
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+        t1_get, t2_get = self.t1.get, self.t2.get
+        return [b if (b := t1_get(h)) is not None else t2_get(h) for h in block_hashes]
+
+    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        t1, t2 = self.t1, self.t2
+        return [h for h in block_hashes if h not in t1 and h not in t2]
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
@@ -87,49 +96,27 @@ class ARCPolicy(EvictionPolicy):
                 self.ghost_hits["b2"] += 1
 
     def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
-        # One pass over each list for the whole batch (vLLM restarts the scan
-        # for every victim: O(n * pinned)). Selection first, mutation after,
-        # so that a batch that cannot be satisfied changes nothing.
+        # T1 is preferred while len(T1) >= int(target), and each T1 victim
+        # shrinks it, so the picks come in at most three runs: T1 until it
+        # drops below the target, then T2, then T1 again (each list falling
+        # back to the other when it has nothing evictable). Every run resumes
+        # its list's iterator: one pass per list for the whole batch (vLLM
+        # restarts the scan for every victim: O(n * pinned)). Selection
+        # first, mutation after, so that a failed batch changes nothing.
         t1, t2 = self.t1, self.t2
         it1 = iter(t1.items())
         it2 = iter(t2.items())
+        victims: list[Victim] = []
         passed1: list[BlockHash] = []
         passed2: list[BlockHash] = []
-        victims: list[Victim] = []
-        t1_len = len(t1)
-        target = int(self.target_t1_size)
-        done1 = done2 = False
-        while len(victims) < n:
-            order = (1, 2) if t1_len >= target else (2, 1)
-            picked = False
-            for which in order:
-                if which == 1 and not done1:
-                    for h, b in it1:
-                        if b.ref_cnt == 0:
-                            if h in protected:
-                                continue
-                            victims.append((h, b, "t1"))
-                            t1_len -= 1
-                            picked = True
-                            break
-                        passed1.append(h)
-                    else:
-                        done1 = True
-                elif which == 2 and not done2:
-                    for h, b in it2:
-                        if b.ref_cnt == 0:
-                            if h in protected:
-                                continue
-                            victims.append((h, b, "t2"))
-                            picked = True
-                            break
-                        passed2.append(h)
-                    else:
-                        done2 = True
-                if picked:
-                    break
-            if not picked:
-                return None
+        first = min(n, max(0, len(t1) - int(self.target_t1_size) + 1))
+        got1 = take_evictable(it1, first, protected, "t1", victims, passed1)
+        rest = n - got1
+        rest -= take_evictable(it2, rest, protected, "t2", victims, passed2)
+        if rest and got1 == first:  # T1 not exhausted yet: fall back to it
+            rest -= take_evictable(it1, rest, protected, "t1", victims, passed1)
+        if rest:
+            return None
         b1, b2 = self.b1, self.b2
         for h, _, src in victims:
             if src == "t1":

@@ -55,6 +55,15 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __contains__(self, block_hash: object) -> bool: ...
 
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+        """:meth:`get` for each hash (one call; policies may do it faster)."""
+        return list(map(self.get, block_hashes))
+
+    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        """The hashes without a resident block, in order."""
+        get = self.get
+        return [h for h in block_hashes if get(h) is None]
+
     @abstractmethod
     def __len__(self) -> int:
         """Number of resident blocks (ghost entries excluded)."""

@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.base import EvictionPolicy, Victim
+
+
+def take_evictable(
+    items: Iterator[tuple[BlockHash, BlockStatus]],
+    n: int,
+    protected: Container[BlockHash],
+    list_name: str,
+    victims: list[Victim],
+    passed: list[BlockHash],
+) -> int:
+    """Move up to ``n`` evictable entries of ``items`` (oldest first) to
+    ``victims`` and return how many; record the non-evictable ones passed on
+    the way in ``passed``. ``items`` stops right after the last victim, so a
+    later call continues the same scan."""
+    if n <= 0:
+        return 0
+    got = 0
+    append = victims.append
+    for h, b in items:
+        if b.ref_cnt == 0:
+            if h in protected:
+                continue
+            append((h, b, list_name))
+            got += 1
+            if got == n:
+                break
+        else:
+            passed.append(h)
+    return got
 
 
 def scan_evictable(
@@ -20,18 +49,7 @@ def scan_evictable(
 ) -> None:
     """Append up to ``n`` evictable entries of ``od`` (oldest first) to
     ``victims``; record the non-evictable ones scanned past in ``passed``."""
-    if n <= 0:
-        return
-    want = len(victims) + n
-    for h, b in od.items():
-        if b.ref_cnt == 0:
-            if h in protected:
-                continue
-            victims.append((h, b, list_name))
-            if len(victims) == want:
-                return
-        else:
-            passed.append(h)
+    take_evictable(iter(od.items()), n, protected, list_name, victims, passed)
 
 
 class LRUPolicy(EvictionPolicy):
@@ -51,6 +69,10 @@ class LRUPolicy(EvictionPolicy):
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
+
+    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        od = self.blocks
+        return [h for h in block_hashes if h not in od]
 
     def __len__(self) -> int:
         return len(self.blocks)
