@@ -70,3 +70,16 @@ def test_gpu_spec_medium_and_dtype() -> None:
     assert ids_of(spec) == [3, 1, 2]
     from_array = GPULoadStoreSpec(np.array([5, 6], dtype=np.int32))
     assert from_array.block_ids.dtype == np.int64
+
+
+def test_cpu_backend_free_blocks_is_free_in_order() -> None:
+    b1, b2 = CPUBackend(16, 6), CPUBackend(16, 6)
+    x1 = b1.allocate_blocks(bhs(1, 2, 3, 4))
+    x2 = b2.allocate_blocks(bhs(1, 2, 3, 4))
+    for blk in (x1[2], x1[0], x1[3]):
+        b1.free(blk)
+    b2.free_blocks([x2[2], x2[0], x2[3]])
+    assert b1.allocated_blocks_free_list == b2.allocated_blocks_free_list == [2, 0, 3]
+    assert _ids(b2.allocate_blocks(bhs(7, 8, 9, 10))) == [4, 5, 3, 0]
+    assert b2.allocated_blocks_free_list == [2]
+    assert b2.allocate_blocks([]) == []

@@ -456,3 +456,15 @@ def test_manager_len_contains_and_get_block(manager: PolicyOffloadingManager) ->
     assert getattr(block, "block_id", None) == ids_of(out.store_spec)[1]
     assert manager.get_block(bh(4)) is None
     assert manager.policy_name == manager.policy.name
+
+
+def test_policy_bulk_queries_agree_with_get(manager: PolicyOffloadingManager) -> None:
+    store(manager, 1, 2, 3)
+    manager.prepare_store(bhs(4))
+    manager.touch(bhs(2))
+    policy = manager.policy
+    hashes = bhs(5, 1, 4, 9, 2, 1)
+    assert policy.get_many(hashes) == [policy.get(h) for h in hashes]
+    assert policy.absent(hashes) == bhs(5, 9)
+    assert policy.absent(dict.fromkeys(hashes)) == bhs(5, 9)
+    assert policy.get_many([]) == [] and policy.absent([]) == []

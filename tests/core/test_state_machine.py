@@ -155,6 +155,8 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prepare_load(self, data: st.DataObject) -> None:
         hashes = self._draw_hashes(data, sorted(self.ready), max_size=3)
+        if hashes and data.draw(st.booleans()):
+            hashes.append(hashes[0])  # a hash listed twice pins twice
         if all(h in self.ready for h in hashes):
             spec = self.mgr.prepare_load(hashes)
             actual = self._actual_state()
@@ -210,6 +212,13 @@ class ManagerMachine(RuleBasedStateMachine):
         assert after.store_blocks == counters.store_blocks
         assert sum(after.ghost_hits.values()) == sum(counters.ghost_hits.values())
 
+    @rule(fraction=st.floats(0, 1))
+    def set_target_t1_size(self, fraction: float) -> None:
+        """Steer ARC's choice of list (a knob only adaptive policies have)."""
+        policy = self.mgr.policy
+        if hasattr(policy, "target_t1_size"):
+            policy.target_t1_size = fraction * self.capacity
+
     @rule()
     def clear(self) -> None:
         evicted = self.mgr.clear()
@@ -262,7 +271,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
 
 ManagerMachine.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=200,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
