@@ -168,7 +168,7 @@ class PolicyOffloadingManager(OffloadingManager):
         hashes = _as_list(block_hashes)
         get = self._policy.get
         done: list[BlockStatus] = []
-        unpinned = 0
+        unpinned: list[BlockHash] = []
         for h in hashes:
             b = get(h)
             if b is None or b.ref_cnt <= 0:
@@ -180,10 +180,12 @@ class PolicyOffloadingManager(OffloadingManager):
             # count the transition, not the end state: a hash listed twice
             # reaches 0 once
             if b.ref_cnt == 0:
-                unpinned += 1
+                unpinned.append(h)
             done.append(b)
-        self._pinned -= unpinned
+        self._pinned -= len(unpinned)
         self._load_completed_blocks += len(done)
+        if unpinned:
+            self._policy.released(unpinned)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         """Allocate blocks for the hashes not yet present (each once, in
@@ -197,7 +199,10 @@ class PolicyOffloadingManager(OffloadingManager):
         n_evict = len(to_store) - backend.get_num_free_blocks()
         evicted: list[BlockHash] = []
         if n_evict > 0:
-            victims = policy.evict(n_evict, named)
+            # More than the unpinned ready blocks: no room, known without a
+            # scan (a cache full of loads and stores in flight stays O(1)).
+            evictable = len(policy) - self._pinned - self._in_flight
+            victims = policy.evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
@@ -244,8 +249,10 @@ class PolicyOffloadingManager(OffloadingManager):
                     stored.append(h)
             self._in_flight -= len(stored)
             self._stored += len(stored)
-            if stored and self.event_log is not None:
-                self.event_log.append("stored", stored, self._block_size, self._medium)
+            if stored:
+                policy.released(stored)
+                if self.event_log is not None:
+                    self.event_log.append("stored", stored, self._block_size, self._medium)
         else:
             free = self.backend.free
             failed = 0

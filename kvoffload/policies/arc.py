@@ -33,6 +33,11 @@ class ARCPolicy(EvictionPolicy):
         self.b1: OrderedDict[BlockHash, None] = OrderedDict()
         self.b2: OrderedDict[BlockHash, None] = OrderedDict()
         self.ghost_hits = {"b1": 0, "b2": 0}
+        # Lists ("t1", "t2") whose last scan found every block pinned or in
+        # flight; evict skips them until one of their blocks can be evicted
+        # again (released(), or a promotion into T2). Without this, a busy
+        # preferred list is scanned in full by every eviction.
+        self._busy: set[str] = set()
 
     @property
     def cache_capacity(self) -> int:
@@ -65,6 +70,8 @@ class ARCPolicy(EvictionPolicy):
             t1[h] = b
             b1_pop(h, None)
             b2_pop(h, None)
+        if "t1" in self._busy and any(b.ref_cnt == 0 for b in blocks):
+            self._busy.discard("t1")
 
     def remove(self, block_hash: BlockHash) -> BlockStatus | None:
         b = self.t1.pop(block_hash, None)
@@ -72,6 +79,7 @@ class ARCPolicy(EvictionPolicy):
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        busy = self._busy
         for h in reversed(block_hashes):
             b = t1.get(h)
             if b is not None:
@@ -82,6 +90,8 @@ class ARCPolicy(EvictionPolicy):
                 else:
                     del t1[h]
                     t2[h] = b
+                    if busy and b.ref_cnt == 0:
+                        busy.discard("t2")
             elif h in t2:
                 t2.move_to_end(h)
             elif h in b1:
@@ -104,18 +114,33 @@ class ARCPolicy(EvictionPolicy):
         # restarts the scan for every victim: O(n * pinned)). Selection
         # first, mutation after, so that a failed batch changes nothing.
         t1, t2 = self.t1, self.t2
+        busy = self._busy
+        skip1, skip2 = "t1" in busy, "t2" in busy
         it1 = iter(t1.items())
         it2 = iter(t2.items())
         victims: list[Victim] = []
         passed1: list[BlockHash] = []
         passed2: list[BlockHash] = []
         first = min(n, max(0, len(t1) - int(self.target_t1_size) + 1))
-        got1 = take_evictable(it1, first, protected, "t1", victims, passed1)
+        got1 = 0 if skip1 else take_evictable(it1, first, protected, "t1", victims, passed1)
+        done1 = skip1 or got1 < first  # T1 has nothing more to give
         rest = n - got1
-        rest -= take_evictable(it2, rest, protected, "t2", victims, passed2)
-        if rest and got1 == first:  # T1 not exhausted yet: fall back to it
-            rest -= take_evictable(it1, rest, protected, "t1", victims, passed1)
-        if rest:
+        got2 = 0 if skip2 else take_evictable(it2, rest, protected, "t2", victims, passed2)
+        done2 = skip2 or got2 < rest
+        rest -= got2
+        if rest and not done1:  # fall back to T1
+            more = take_evictable(it1, rest, protected, "t1", victims, passed1)
+            done1 = more < rest
+            got1 += more
+            rest -= more
+        # A list scanned to its end holds victims, passed (busy) blocks and
+        # protected ones; with no protected ones, what stays is all busy.
+        ok = not rest
+        if done1 and not skip1 and len(t1) == got1 + len(passed1) and (ok or not got1):
+            busy.add("t1")
+        if done2 and not skip2 and len(t2) == got2 + len(passed2) and (ok or not got2):
+            busy.add("t2")
+        if not ok:
             return None
         b1, b2 = self.b1, self.b2
         for h, _, src in victims:
@@ -135,6 +160,16 @@ class ARCPolicy(EvictionPolicy):
                 ghosts.popitem(last=False)
         return victims
 
+    def released(self, block_hashes: Sequence[BlockHash]) -> None:
+        busy = self._busy
+        if not busy:
+            return
+        t1 = self.t1
+        for h in block_hashes:
+            busy.discard("t1" if h in t1 else "t2")
+            if not busy:
+                return
+
     def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
         return iter([*self.t1.items(), *self.t2.items()])
 
@@ -142,6 +177,7 @@ class ARCPolicy(EvictionPolicy):
         # Another policy's order seeds T1 (no block has a proven second use
         # yet from ARC's point of view); ghosts start empty, target at 0.
         self.t1.update(items)  # type: ignore[call-overload]
+        self._busy.clear()
 
     def list_sizes(self) -> dict[str, int]:
         return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}

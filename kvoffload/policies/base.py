@@ -97,6 +97,12 @@ class EvictionPolicy(ABC):
     def list_sizes(self) -> dict[str, int]:
         """Size of each list named in :attr:`list_names`."""
 
+    def released(self, block_hashes: Sequence[BlockHash]) -> None:
+        """The manager's notice that these resident blocks just became
+        evictable (their store completed, or their last load did). A policy
+        that remembers "nothing evictable here" to skip scans forgets it."""
+        return
+
     def params(self) -> dict[str, float]:
         """The policy's adaptive parameters (for stats and metrics)."""
         return {}

@@ -175,3 +175,52 @@ def test_defect10_eviction_does_not_rescan_pinned_blocks(policy: str) -> None:
         assert backend.count() <= SMALL
     assert all(ref_cnt(m, i) == -1 for i in range(busy // 2))
     assert all(ref_cnt(m, i) == 1 for i in range(busy // 2, busy))
+
+
+def test_defect10_busy_preferred_arc_list_is_not_rescanned() -> None:
+    """When the list ARC prefers holds nothing evictable (here T2, all pinned
+    by loads, with the target above len(T1)), vLLM scans all of it before
+    falling back to T1, for every eviction: O(pinned) each. After one such
+    scan the list must be skipped until one of its blocks can be evicted
+    again (a load completes, or a block is promoted into it)."""
+    capacity, busy = 1000, 400
+    backend = CountingBackend(16, capacity)
+    m = ARCOffloadingManager(backend)
+    store(m, *range(busy))
+    m.touch(bhs(*range(busy)))  # T2 = 0..399
+    m.prepare_load(bhs(*range(busy)))  # all of T2 pinned
+    store(m, *range(busy, capacity))  # T1 = 400..999, evictable
+    m.target_t1_size = capacity  # len(T1) < target: T2 preferred
+
+    backend.reset()
+    assert store(m, 10_000).block_hashes_evicted == [bh(busy)]
+    assert backend.count() <= busy + SMALL
+    for j in range(1, 20):
+        backend.reset()
+        assert store(m, 10_000 + j).block_hashes_evicted == [bh(busy + j)]
+        assert backend.count() <= SMALL
+
+    m.complete_load(bhs(7))  # T2 has an evictable block again: preferred
+    assert store(m, 20_000).block_hashes_evicted == [bh(7)]
+    assert store(m, 20_001).block_hashes_evicted == [bh(busy + 20)]  # T2 all busy again
+    m.touch(bhs(busy + 50))  # promoted into T2, evictable: preferred
+    assert store(m, 20_002).block_hashes_evicted == [bh(busy + 50)]
+    assert store(m, 20_003).block_hashes_evicted == [bh(busy + 21)]
+
+
+def test_defect10_store_into_a_cache_of_busy_blocks_is_rejected_without_scanning(
+    policy: str,
+) -> None:
+    """With every resident block pinned or in flight, vLLM scans them all
+    before answering ``None``, for every ``prepare_store``: O(n) per step
+    while the loads or stores last. The answer must come without a scan."""
+    capacity = 600
+    backend = CountingBackend(16, capacity)
+    m = PolicyOffloadingManager(backend, policy=policy)
+    store(m, *range(capacity // 2))
+    m.prepare_load(bhs(*range(capacity // 2)))
+    m.prepare_store(bhs(*range(capacity // 2, capacity)))
+    for j in range(10):
+        backend.reset()
+        assert m.prepare_store(bhs(5_000 + j)) is None
+        assert backend.count() <= SMALL
