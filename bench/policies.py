@@ -28,12 +28,21 @@ POLICIES = ("lru", "arc", "reuse")
 SYNTHETIC = {
     "gen-default-s1": SyntheticConfig(seed=1),
     "gen-scan-heavy-s2": SyntheticConfig(
-        seed=2, open_chats=1024, chat_weight=0.4, document_weight=0.2,
-        one_off_weight=0.4, num_documents=5000,
+        seed=2,
+        open_chats=1024,
+        chat_weight=0.4,
+        document_weight=0.2,
+        one_off_weight=0.4,
+        num_documents=5000,
     ),
     "gen-long-chats-s3": SyntheticConfig(
-        seed=3, chat_weight=0.7, document_weight=0.2, one_off_weight=0.1,
-        mean_turns=10.0, turn_blocks=(2, 8), zipf_exponent=1.1,
+        seed=3,
+        chat_weight=0.7,
+        document_weight=0.2,
+        one_off_weight=0.1,
+        mean_turns=10.0,
+        turn_blocks=(2, 8),
+        zipf_exponent=1.1,
     ),
 }
 

@@ -42,7 +42,7 @@ from kvoffload.transfer.worker import (
 )
 
 if TYPE_CHECKING:
-    from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
+    from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler  # noqa: F401
 
 # CpuGpuOffloadingHandler is reachable as an attribute but left out of __all__
 # so that ``from kvoffload import *`` does not load torch.

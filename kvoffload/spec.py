@@ -39,9 +39,9 @@ def _positive_int(name: str, value: object) -> int:
                 raise ValueError
         except ValueError:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
-    if value <= 0:  # type: ignore[operator]
+    if value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)

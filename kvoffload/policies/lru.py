@@ -62,7 +62,7 @@ class LRUPolicy(EvictionPolicy):
         super().__init__(capacity)
         self.blocks: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
         # bound C method: the manager's lookups call it once per block
-        self.get = self.blocks.get  # type: ignore[method-assign]
+        self.get = self.blocks.get  # type: ignore[method-assign,assignment]
 
     def get(self, block_hash: BlockHash) -> BlockStatus | None:  # replaced per instance
         return self.blocks.get(block_hash)

@@ -100,7 +100,7 @@ class ReusePolicy(EvictionPolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.blocks: dict[BlockHash, BlockStatus] = {}
-        self.get = self.blocks.get  # type: ignore[method-assign]
+        self.get = self.blocks.get  # type: ignore[method-assign,assignment]
         self._queues: list[OrderedDict[BlockHash, BlockStatus]] = [
             OrderedDict() for _ in range(NUM_CLASSES)
         ]
@@ -284,9 +284,9 @@ class ReusePolicy(EvictionPolicy):
                     dead[k] = bk
                     mk[0] = DEAD
         for h in passed:
-            m = meta.get(h)
-            if m is not None:
-                queues[m[0]].move_to_end(h)
+            entry = meta.get(h)
+            if entry is not None:
+                queues[entry[0]].move_to_end(h)
                 m[1] = now
         self._now = now
         for _ in range(len(ghost) - self.capacity):
