@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, cast
 
 from kvoffload.abstract import BlockHash
@@ -165,6 +165,8 @@ class _Job:
 
 @dataclass(slots=True)
 class _Counters:
+    """Mutable twin of :class:`RuntimeStats`, written by the engine thread only."""
+
     steps: int = 0
     requests: int = 0
     prompt_tokens: int = 0
@@ -181,7 +183,6 @@ class _Counters:
     verify_failures: int = 0
     step_seconds_total: float = 0.0
     last_step_seconds: float = 0.0
-    pending: dict[str, int] = field(default_factory=dict)
 
     def freeze(self) -> RuntimeStats:
         return RuntimeStats(
