@@ -1,18 +1,20 @@
 """Admin API latency under load, and what that load costs the engine.
 
 Starts ``kvoffload serve`` as a subprocess on loopback (built-in workload,
-as fast as possible), lets it warm up, then alternates phases of equal length:
+as fast as possible), lets it warm up, then, per route and rate, alternates
+short windows of equal length (8 cycles of 1.5 s by default):
 
 * **idle**: nothing but two ``GET /v1/cache`` reads, one at each end of the
-  phase, to read the engine's step counter;
+  window, to read the engine's step counter;
 * **load**: an open-loop generator in this process sends ``GET /v1/cache`` or
   ``GET /metrics`` at a fixed rate (50 and 200 requests/s) over keep-alive
   connections, and records each request's latency.
 
 Engine throughput is steps per second of the server's own clock (snapshot
-step and timestamp) over each phase; a load phase is compared with the mean
-of the idle phases just before and after it, which cancels drift in the
-workload. Prints p50/p99 latency per route and rate (from when each request
+step and timestamp) over each window; each load window is compared with the
+mean of the idle windows just before and after it (cancelling drift in the
+workload), and the median of those ratios is reported, so that a burst of
+outside load spoils one cycle, not the result. Prints p50/p99 latency per route and rate (from when each request
 was due, so client-side queueing counts), steps/s idle vs loaded and their
 ratio (target: >= 0.9), and the CPU cores the server process used: on a
 machine with other busy processes the server gets less than it asks for and
@@ -74,12 +76,12 @@ class Row:
     loaded_steps_per_s: float
     idle_cores: float
     loaded_cores: float
+    #: median over cycles of loaded steps/s / steps/s of the idle windows around it
+    median_ratio: float
 
     @property
     def ratio(self) -> float:
-        if not self.idle_steps_per_s:
-            return 0.0
-        return self.loaded_steps_per_s / self.idle_steps_per_s
+        return self.median_ratio
 
 
 def process_cpu(pid: int) -> float:
@@ -91,6 +93,47 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def serve_floor(port: int) -> None:
+    """The floor to compare with: uvicorn serving a bare ASGI app (no
+    framework, no rendering) in a process whose other thread is pure-Python
+    busy work standing in for the engine. Its "steps" are rounds of that work,
+    exposed like the service's step counter so the same measurement applies."""
+    import threading
+
+    import uvicorn
+
+    sys.setswitchinterval(0.0005)  # as the service does
+    rounds = [0]
+
+    def busy() -> None:
+        x = 0
+        while True:
+            for i in range(2000):
+                x += i
+            rounds[0] += 1
+
+    threading.Thread(target=busy, daemon=True).start()
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        assert callable(receive) and callable(send)
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = "startup" if message["type"] == "lifespan.startup" else "shutdown"
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        body = json.dumps({"step": rounds[0], "timestamp": time.time()}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,10 +141,13 @@ def free_port() -> int:
         return port
 
 
-def start_server(port: int, extra: list[str]) -> subprocess.Popen[bytes]:
+def start_server(port: int, extra: list[str], floor: bool = False) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "kvoffload.cli", "serve", "--port", str(port), *extra]
+    if floor:
+        cmd = [sys.executable, __file__, "--serve-floor", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "kvoffload.cli", "serve", "--port", str(port), *extra]
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -222,40 +268,81 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def run(duration: float, warmup: float, server_args: list[str]) -> list[Row]:
+def measure(
+    proc: subprocess.Popen[bytes],
+    port: int,
+    client: httpx.Client,
+    route: str,
+    rate: int,
+    window: float,
+    cycles: int,
+) -> Row:
+    """``cycles`` x (idle window, load window), then a last idle window. Each
+    load window is compared with the two idle windows around it; the row keeps
+    the median of those ratios, so a burst of outside load spoils one cycle,
+    not the result."""
+    latencies: list[float] = []
+    errors = 0
+    sent = 0
+    wall = 0.0
+    ratios: list[float] = []
+    idle_rates: list[float] = []
+    loaded_rates: list[float] = []
+    idle_cores: list[float] = []
+    loaded_cores: list[float] = []
+    before = idle_phase(proc.pid, client, window)
+    for _ in range(cycles):
+        t = time.perf_counter()
+        loaded, lat, err, _ = load_phase(proc.pid, port, client, route, rate, window)
+        wall += time.perf_counter() - t
+        after = idle_phase(proc.pid, client, window)
+        latencies += lat
+        errors += err
+        sent += len(lat) + err
+        idle = (before.steps_per_second + after.steps_per_second) / 2
+        if idle > 0:
+            ratios.append(loaded.steps_per_second / idle)
+        idle_rates.append(idle)
+        loaded_rates.append(loaded.steps_per_second)
+        idle_cores.append((before.cores + after.cores) / 2)
+        loaded_cores.append(loaded.cores)
+        before = after
+    return Row(
+        route=route,
+        rate=rate,
+        requests=sent,
+        errors=errors,
+        p50_ms=1000 * statistics.median(latencies) if latencies else 0.0,
+        p99_ms=1000 * percentile(latencies, 0.99),
+        max_ms=1000 * max(latencies, default=0.0),
+        achieved_rate=sent / wall if wall > 0 else 0.0,
+        idle_steps_per_s=statistics.median(idle_rates),
+        loaded_steps_per_s=statistics.median(loaded_rates),
+        idle_cores=statistics.median(idle_cores),
+        loaded_cores=statistics.median(loaded_cores),
+        median_ratio=statistics.median(ratios) if ratios else 0.0,
+    )
+
+
+def run(
+    routes: tuple[str, ...],
+    window: float,
+    cycles: int,
+    warmup: float,
+    server_args: list[str],
+    floor: bool = False,
+) -> list[Row]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = start_server(port, server_args)
+    proc = start_server(port, server_args, floor)
     rows: list[Row] = []
     try:
         wait_ready(base, proc)
         with httpx.Client(base_url=base, timeout=10.0) as client:
             time.sleep(warmup)
-            before = idle_phase(proc.pid, client, duration)
-            for route in ROUTES:
+            for route in routes:
                 for rate in RATES:
-                    loaded, latencies, errors, achieved = load_phase(
-                        proc.pid, port, client, route, rate, duration
-                    )
-                    after = idle_phase(proc.pid, client, duration)
-                    idle = (before.steps_per_second + after.steps_per_second) / 2
-                    rows.append(
-                        Row(
-                            route=route,
-                            rate=rate,
-                            requests=len(latencies) + errors,
-                            errors=errors,
-                            p50_ms=1000 * statistics.median(latencies) if latencies else 0.0,
-                            p99_ms=1000 * percentile(latencies, 0.99),
-                            max_ms=1000 * max(latencies, default=0.0),
-                            achieved_rate=achieved,
-                            idle_steps_per_s=idle,
-                            loaded_steps_per_s=loaded.steps_per_second,
-                            idle_cores=(before.cores + after.cores) / 2,
-                            loaded_cores=loaded.cores,
-                        )
-                    )
-                    before = after
+                    rows.append(measure(proc, port, client, route, rate, window, cycles))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -265,9 +352,10 @@ def run(duration: float, warmup: float, server_args: list[str]) -> list[Row]:
     return rows
 
 
-def print_table(rows: list[Row], server_args: list[str]) -> None:
-    print(f"kvoffload serve {' '.join(server_args)}  (built-in workload, full speed)")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+def print_table(rows: list[Row], server_args: list[str], title: bool = True) -> None:
+    if title:
+        print(f"kvoffload serve {' '.join(server_args)}  (built-in workload, full speed)")
+        print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     header = (
         f"{'route':<10} {'req/s':>6} {'sent':>6} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'max ms':>8} {'steps/s idle':>13} {'loaded':>8} {'ratio':>6} "
@@ -291,22 +379,46 @@ def print_table(rows: list[Row], server_args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
+    parser.add_argument("--window", type=float, default=1.5, help="seconds per window")
+    parser.add_argument("--cycles", type=int, default=8, help="idle/load cycles per row")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
-    parser.add_argument("--quick", action="store_true", help="2 s phases, 1 s warm-up")
+    parser.add_argument("--quick", action="store_true", help="3 cycles of 1 s, 1 s warm-up")
+    parser.add_argument(
+        "--routes", default=",".join(ROUTES), help="comma-separated GET routes to load"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure a bare ASGI app next to pure-Python busy work: what any "
+        "in-process HTTP server costs a busy thread on this machine",
+    )
+    parser.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument(
         "server_args",
         nargs="*",
         help="extra 'kvoffload serve' flags (after --), e.g. -- --capacity 4096",
     )
     args = parser.parse_args(argv)
-    duration, warmup = (2.0, 1.0) if args.quick else (args.duration, args.warmup)
-    rows = run(duration, warmup, args.server_args)
-    if args.json:
-        print(json.dumps([{**asdict(r), "ratio": r.ratio} for r in rows], indent=2))
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
+        return 0
+    if args.quick:
+        window, cycles, warmup = 1.0, 3, 1.0
     else:
-        print_table(rows, args.server_args)
+        window, cycles, warmup = args.window, args.cycles, args.warmup
+    routes = tuple(args.routes.split(","))
+    rows = run(routes, window, cycles, warmup, args.server_args)
+    floor = run(routes[:1], window, cycles, warmup, [], floor=True) if args.floor else []
+    if args.json:
+        doc = {"service": [asdict(r) for r in rows], "floor": [asdict(r) for r in floor]}
+        print(json.dumps(doc, indent=2))
+        return 0
+    print_table(rows, args.server_args)
+    if floor:
+        print()
+        print("floor: bare ASGI app + pure-Python busy thread (steps = rounds of busy work)")
+        print_table(floor, [], title=False)
     return 0
 
 

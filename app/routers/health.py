@@ -55,10 +55,10 @@ async def readyz(request: Request) -> Response:
     },
 )
 async def metrics(_: ReadAccess, service: ServiceDep) -> Response:
-    # Rendering costs about a millisecond of Python; until the engine publishes
-    # a new snapshot (each step) the last rendering is as current as a new one.
-    # Run inline: collection holds the GIL either way, a threadpool hop would
-    # only add a context switch.
+    # Rendering costs about a millisecond of the engine's GIL time; see
+    # MetricsCache for when the last rendering is reused. Run inline:
+    # collection holds the GIL either way, a threadpool hop would only add a
+    # context switch.
     snap = service.engine.snapshot()
     body = service.metrics_body.get(snap)
     if body is None:
