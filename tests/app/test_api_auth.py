@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import ADMIN, ADMIN_HEADERS, READ, READ_HEADERS, ClientFactory, TestClient
+from api_support import ADMIN, ADMIN_HEADERS, READ, READ_HEADERS, ClientFactory, TestClient
 from pydantic import ValidationError
 
 from app.settings import Settings, is_loopback

@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
 
 
 def pause(client: TestClient) -> None:

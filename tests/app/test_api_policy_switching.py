@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
 
 TRACE = str(
     Path(__file__).resolve().parents[3] / "shared/data/traces/mooncake_synthetic_trace.jsonl"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from conftest import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient, small_settings
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient, small_settings
 
 from app.engine_setup import engine_config, load_workload
 from app.main import create_app

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from conftest import ADMIN_HEADERS, small_settings
+from api_support import ADMIN_HEADERS, small_settings
 from hypothesis import HealthCheck, settings
 from schemathesis.python import asgi
 
