@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from app.settings import Settings
 from kvoffload.runtime import Engine, EngineConfig, EngineObserver
 from kvoffload.runtime.trace import load_mooncake_trace
 from kvoffload.runtime.workloads import Workload, loop
 
-__all__ = ["BUILTIN_WORKLOAD", "build_engine", "engine_config", "load_workload"]
+__all__ = [
+    "BUILTIN_WORKLOAD",
+    "build_engine",
+    "engine_config",
+    "load_workload",
+    "preloaded_engine_factory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +59,18 @@ def load_workload(settings: Settings) -> Workload | None:
 
 def build_engine(settings: Settings, observers: Sequence[EngineObserver] = ()) -> Engine:
     return Engine(engine_config(settings), load_workload(settings), observers)
+
+
+def preloaded_engine_factory(
+    settings: Settings,
+) -> Callable[[Settings, Sequence[EngineObserver]], Engine]:
+    """Validate the engine configuration and load the workload now (raising
+    :class:`~kvoffload.errors.KVOffloadError` naming what is wrong); the
+    returned factory builds the engine from them later."""
+    config = engine_config(settings)
+    workload = load_workload(settings)
+
+    def build(_: Settings, observers: Sequence[EngineObserver]) -> Engine:
+        return Engine(config, workload, observers)
+
+    return build

@@ -60,7 +60,8 @@ def _configure_logging(level: str) -> None:
 def run(argv: list[str] | None = None) -> int:
     """``kvoffload serve``: parse ``argv`` (flags over ``KVOFFLOAD_*``), serve
     until SIGTERM/SIGINT, stop the engine cleanly. Returns the exit status:
-    0 after a clean shutdown, 1 if startup failed, 2 on bad settings."""
+    0 after a clean shutdown, 1 if the server could not start (e.g. port in
+    use), 2 on bad settings or inputs (e.g. an unreadable trace)."""
     try:
         settings = parse_settings(argv)
     except ValidationError as exc:
@@ -68,7 +69,16 @@ def run(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"kvoffload serve: error: {line}\n")
         return EXIT_USAGE
     _configure_logging(settings.log_level)
+    from app.engine_setup import preloaded_engine_factory
     from app.server import serve
+    from kvoffload.errors import KVOffloadError
 
-    started = serve(create_app(settings), settings)
+    try:
+        # Read the trace and check the engine shape now: a bad input is one
+        # line and status 2, not a traceback from inside the server.
+        factory = preloaded_engine_factory(settings)
+    except KVOffloadError as exc:
+        sys.stderr.write(f"kvoffload serve: error: {exc}\n")
+        return EXIT_USAGE
+    started = serve(create_app(settings, engine_factory=factory), settings)
     return EXIT_OK if started else EXIT_STARTUP_FAILED

@@ -65,6 +65,10 @@ def serve(app: FastAPI, settings: Settings) -> bool:
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.run()
+    except SystemExit:
+        # uvicorn exits by itself when it cannot bind or the lifespan fails
+        # (it has logged why); report a failed start instead.
+        return False
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -89,6 +89,23 @@ def test_bad_settings_exit_2_with_a_clear_line(
     assert fragment in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--workload", "/no/such/trace.jsonl"], "trace file not found: /no/such/trace.jsonl"),
+        (["--gpu-block-size", "48"], "must be a multiple of gpu_block_size (48)"),
+    ],
+)
+def test_bad_inputs_fail_before_serving(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run([*argv, "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvoffload serve: error: ")
+    assert fragment in err
+    assert "Traceback" not in err
+
+
 def test_unknown_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         run(["--colour", "blue"])
