@@ -109,16 +109,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         logger.info("stopping the engine; in-flight transfer jobs finish first")
         final = await asyncio.to_thread(engine.stop, settings.stop_timeout)
         m = final.manager
-        logger.info(
-            "engine %s at step %d after finishing in-flight jobs "
-            "(in flight %d, pinned %d, used %d of %d blocks)",
-            final.state,
-            final.step,
-            m.in_flight,
-            m.pinned,
-            m.used,
-            m.capacity,
-        )
+        if final.state == "stopped" and m.in_flight == 0:
+            logger.info(
+                "engine stopped at step %d after finishing in-flight jobs "
+                "(pinned %d, used %d of %d blocks)",
+                final.step,
+                m.pinned,
+                m.used,
+                m.capacity,
+            )
+        else:
+            logger.error(
+                "engine did not stop cleanly within %.1f s: state %s, %d blocks in flight",
+                settings.stop_timeout,
+                final.state,
+                m.in_flight,
+            )
         telemetry.shutdown()
         logger.info("telemetry flushed; shutdown complete")
 
