@@ -144,6 +144,7 @@ def free_port() -> int:
 def start_server(port: int, extra: list[str], floor: bool = False) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env["KVOFFLOAD_SPEED"] = "0"  # the engine replays at full speed during the benchmark
     if floor:
         cmd = [sys.executable, __file__, "--serve-floor", str(port)]
     else:

@@ -135,6 +135,7 @@ def _start_service(workdir: Path) -> _Process:
         # a small tier fills within seconds, so that evictions and ghost hits happen
         "KVOFFLOAD_CAPACITY": "96",
         "KVOFFLOAD_DEVICE": "cpu",
+        "KVOFFLOAD_SPEED": "0",  # full speed: every panel has data within seconds
     }
     env.pop("KVOFFLOAD_READ_TOKEN", None)  # Prometheus scrapes without a token
     code = "import sys; from kvoffload.cli import main; sys.exit(main())"
