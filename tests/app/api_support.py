@@ -47,6 +47,7 @@ SMALL: dict[str, Any] = {
     "device": "cpu",
     "command_timeout": 10.0,
     "stop_timeout": 10.0,
+    "speed": 0.0,  # full speed: the tests want traffic, not real time
 }
 
 ClientFactory = Callable[..., TestClient]
