@@ -106,20 +106,7 @@ class CacheCounters(_Response):
 
     @classmethod
     def from_counters(cls, c: ManagerCounters) -> CacheCounters:
-        return cls(
-            lookups=c.lookups,
-            lookup_blocks=c.lookup_blocks,
-            hit_blocks=c.hit_blocks,
-            load_blocks=c.load_blocks,
-            load_completed_blocks=c.load_completed_blocks,
-            touches=c.touches,
-            store_prepared_blocks=c.store_prepared_blocks,
-            store_blocks=dict(c.store_blocks),
-            rejected_stores=c.rejected_stores,
-            evictions=dict(c.evictions),
-            ghost_hits=dict(c.ghost_hits),
-            policy_switches=c.policy_switches,
-        )
+        return cls.model_validate(c, from_attributes=True)
 
 
 class RuntimeCounters(_Response):
@@ -144,24 +131,7 @@ class RuntimeCounters(_Response):
 
     @classmethod
     def from_stats(cls, r: RuntimeStats) -> RuntimeCounters:
-        return cls(
-            steps=r.steps,
-            requests=r.requests,
-            prompt_tokens=r.prompt_tokens,
-            gpu_hit_tokens=r.gpu_hit_tokens,
-            cpu_hit_tokens=r.cpu_hit_tokens,
-            computed_tokens=r.computed_tokens,
-            load_jobs=r.load_jobs,
-            store_jobs=r.store_jobs,
-            failed_jobs=r.failed_jobs,
-            loaded_blocks=r.loaded_blocks,
-            stored_blocks=r.stored_blocks,
-            loaded_bytes=r.loaded_bytes,
-            stored_bytes=r.stored_bytes,
-            verify_failures=r.verify_failures,
-            step_seconds_total=r.step_seconds_total,
-            last_step_seconds=r.last_step_seconds,
-        )
+        return cls.model_validate(r, from_attributes=True)
 
 
 class EventLogView(_Response):
@@ -174,14 +144,7 @@ class EventLogView(_Response):
 
     @classmethod
     def from_stats(cls, s: EventLogStats) -> EventLogView:
-        return cls(
-            appended=s.appended,
-            dropped=s.dropped,
-            drained=s.drained,
-            buffered=s.buffered,
-            capacity=s.capacity,
-            last_seq=s.last_seq,
-        )
+        return cls.model_validate(s, from_attributes=True)
 
 
 class CacheView(_Response):
