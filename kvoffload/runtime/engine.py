@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, cast
 
 from kvoffload.abstract import BlockHash
@@ -163,6 +163,9 @@ class _Job:
     submitted_ns: int
 
 
+_RUNTIME_FIELDS = tuple(f.name for f in fields(RuntimeStats))
+
+
 @dataclass(slots=True)
 class _Counters:
     """Mutable twin of :class:`RuntimeStats`, written by the engine thread only."""
@@ -185,24 +188,7 @@ class _Counters:
     last_step_seconds: float = 0.0
 
     def freeze(self) -> RuntimeStats:
-        return RuntimeStats(
-            steps=self.steps,
-            requests=self.requests,
-            prompt_tokens=self.prompt_tokens,
-            gpu_hit_tokens=self.gpu_hit_tokens,
-            cpu_hit_tokens=self.cpu_hit_tokens,
-            computed_tokens=self.computed_tokens,
-            load_jobs=self.load_jobs,
-            store_jobs=self.store_jobs,
-            failed_jobs=self.failed_jobs,
-            loaded_blocks=self.loaded_blocks,
-            stored_blocks=self.stored_blocks,
-            loaded_bytes=self.loaded_bytes,
-            stored_bytes=self.stored_bytes,
-            verify_failures=self.verify_failures,
-            step_seconds_total=self.step_seconds_total,
-            last_step_seconds=self.last_step_seconds,
-        )
+        return RuntimeStats(**{name: getattr(self, name) for name in _RUNTIME_FIELDS})
 
 
 _STOP = object()
