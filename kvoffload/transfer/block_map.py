@@ -27,7 +27,8 @@ shape is refused with :class:`~kvoffload.errors.TransferError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +38,8 @@ import numpy.typing as npt
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import TransferError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+
+logger = logging.getLogger(__name__)
 
 IntArray = npt.NDArray[np.int64]
 Direction = Literal["store", "load"]
@@ -395,3 +398,28 @@ def plan_transfer(
         f"unsupported spec pair {type(src).__name__} -> {type(dst).__name__}; "
         "expected GPULoadStoreSpec -> CPULoadStoreSpec (store) or the reverse (load)"
     )
+
+
+def admit_job(
+    job_id: int,
+    spec: tuple[LoadStoreSpec, LoadStoreSpec],
+    factor: int,
+    in_flight: Container[int],
+    *,
+    num_gpu_blocks: int | None = None,
+    num_cpu_blocks: int | None = None,
+) -> TransferPlan | None:
+    """The plan of a job a handler may accept, or ``None`` (logged at
+    WARNING with the reason) when its id is still in flight or
+    :func:`plan_transfer` refuses it. Shared by every handler so that they
+    refuse exactly the same jobs."""
+    if job_id in in_flight:
+        logger.warning("transfer %d refused: job id still in flight", job_id)
+        return None
+    try:
+        return plan_transfer(
+            spec, factor, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks
+        )
+    except (TransferError, TypeError, ValueError) as exc:
+        logger.warning("transfer %d refused: %s", job_id, exc)
+        return None

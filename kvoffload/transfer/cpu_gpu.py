@@ -28,8 +28,8 @@ from typing import Literal
 
 import torch
 
-from kvoffload.errors import ConfigError, TransferError
-from kvoffload.transfer.block_map import TransferPlan, consecutive_runs, plan_transfer
+from kvoffload.errors import ConfigError
+from kvoffload.transfer.block_map import TransferPlan, admit_job, consecutive_runs
 from kvoffload.transfer.host_copy import HostCopier, RowPair
 from kvoffload.transfer.layout import AttentionBackendLike, Layout, block_dim, resolve_layouts
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
@@ -245,18 +245,15 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         """Start a job; ``False`` (logged, nothing copied) if it is malformed
         or ``job_id`` is still in flight. Postcondition on ``True``: the job
         appears exactly once in a later :meth:`get_finished`."""
-        if job_id in self._jobs:
-            logger.warning("transfer %d refused: job id still in flight", job_id)
-            return False
-        try:
-            plan = plan_transfer(
-                spec,
-                self.block_size_factor,
-                num_gpu_blocks=self.num_gpu_blocks,
-                num_cpu_blocks=self.num_cpu_blocks,
-            )
-        except (TransferError, TypeError, ValueError) as exc:
-            logger.warning("transfer %d refused: %s", job_id, exc)
+        plan = admit_job(
+            job_id,
+            spec,
+            self.block_size_factor,
+            self._jobs,
+            num_gpu_blocks=self.num_gpu_blocks,
+            num_cpu_blocks=self.num_cpu_blocks,
+        )
+        if plan is None:
             return False
         if self.is_cuda:
             self._jobs[job_id] = self._submit_cuda(job_id, plan)

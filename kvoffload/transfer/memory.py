@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvoffload.errors import TransferError
-from kvoffload.transfer.block_map import TransferPlan, plan_transfer
+from kvoffload.transfer.block_map import TransferPlan, admit_job
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
@@ -132,18 +132,15 @@ class InMemoryOffloadingHandler(OffloadingHandler):
             self.refuse_job_ids.discard(job_id)
             logger.info("transfer %d refused (injected)", job_id)
             return False
-        if job_id in self._pending:
-            logger.warning("transfer %d refused: job id still in flight", job_id)
-            return False
-        try:
-            plan = plan_transfer(
-                spec,
-                self.block_size_factor,
-                num_gpu_blocks=self.num_gpu_blocks,
-                num_cpu_blocks=self.num_cpu_blocks,
-            )
-        except (TransferError, TypeError, ValueError) as exc:
-            logger.warning("transfer %d refused: %s", job_id, exc)
+        plan = admit_job(
+            job_id,
+            spec,
+            self.block_size_factor,
+            self._pending,
+            num_gpu_blocks=self.num_gpu_blocks,
+            num_cpu_blocks=self.num_cpu_blocks,
+        )
+        if plan is None:
             return False
         writes = self._snapshot(plan)
         if writes is None:
