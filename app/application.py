@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
 from app.auth import require_read
@@ -27,7 +28,7 @@ from app.errors import error_responses, install_error_handlers
 from app.routers import cache, events, health, policy, runtime
 from app.settings import ENV_PREFIX, Settings
 from app.state import ServiceState
-from app.telemetry import setup_telemetry
+from app.telemetry import Telemetry, setup_telemetry
 from kvoffload._version import __version__
 from kvoffload.instrumentation.prometheus import (
     KVOffloadCollector,
@@ -36,7 +37,7 @@ from kvoffload.instrumentation.prometheus import (
 )
 from kvoffload.runtime import Engine, EngineObserver
 
-__all__ = ["EngineFactory", "build_app"]
+__all__ = ["EngineFactory", "TelemetryFactory", "build_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,15 @@ read token (or the admin token); state-changing routes take the admin token.
 """
 
 
-def build_app(settings: Settings, engine_factory: EngineFactory | None = None) -> FastAPI:
+#: builds the telemetry providers (default: from the OTEL_* environment)
+TelemetryFactory = Callable[[], Telemetry]
+
+
+def build_app(
+    settings: Settings,
+    engine_factory: EngineFactory | None = None,
+    telemetry_factory: TelemetryFactory | None = None,
+) -> FastAPI:
     """See :func:`app.main.create_app`."""
     app = FastAPI(
         title="kvoffload admin API",
@@ -66,6 +75,7 @@ def build_app(settings: Settings, engine_factory: EngineFactory | None = None) -
     )
     app.state.settings = settings
     app.state.engine_factory = engine_factory or build_engine
+    app.state.telemetry_factory = telemetry_factory or setup_telemetry
     app.state.stopping = threading.Event()
     app.state.service = None
     install_error_handlers(app)
@@ -85,7 +95,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     factory: EngineFactory = app.state.engine_factory
     stopping: threading.Event = app.state.stopping
     stopping.clear()
-    telemetry = setup_telemetry()
+    telemetry: Telemetry = app.state.telemetry_factory()
     try:
         registry = CollectorRegistry(auto_describe=True)
         prometheus = PrometheusObserver(registry=registry)
@@ -100,7 +110,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         logger.error("cannot start the engine: %s", exc)
         telemetry.shutdown()
         raise
-    app.state.service = ServiceState(settings, engine, registry, stopping=stopping)
+    tracer = (
+        telemetry.tracer_provider.get_tracer("kvoffload.admin", __version__)
+        if telemetry.tracer_provider is not None
+        else NoOpTracer()
+    )
+    app.state.service = ServiceState(settings, engine, registry, stopping=stopping, tracer=tracer)
     _log_startup(settings, engine)
     try:
         yield

@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from opentelemetry.trace import Status, StatusCode, Tracer
+
 from app.errors import ApiError
 from kvoffload.errors import PolicyError
 from kvoffload.runtime import Engine
@@ -44,13 +46,40 @@ async def apply(
     send: Callable[[], Future[CommandResult]],
     *,
     timeout: float,
+    tracer: Tracer,
+    action: str,
+    attributes: dict[str, str | int] | None = None,
 ) -> tuple[CommandResult, EngineSnapshot]:
     """Queue a command with ``send()``, wait at most ``timeout`` seconds for the
     engine thread to apply it, and return the result with the snapshot read
     right after (the engine publishes before it resolves the future, so the
-    snapshot shows the command: a client's next read sees its own write)."""
-    result = await _wait(send, timeout=timeout, valid_policies=engine.available_policies)
-    return result, engine.snapshot()
+    snapshot shows the command: a client's next read sees its own write).
+
+    The whole exchange is one span ``kvoffload.admin.<action>`` carrying the
+    request's ``attributes``, the outcome (``applied`` or the error code) and,
+    when applied, the policy, its version and the step it took effect at.
+    """
+    with tracer.start_as_current_span(
+        f"kvoffload.admin.{action}",
+        attributes={"kvoffload.admin.action": action, **(attributes or {})},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            result = await _wait(send, timeout=timeout, valid_policies=engine.available_policies)
+        except ApiError as exc:
+            span.set_attribute("kvoffload.admin.outcome", exc.code)
+            span.set_status(Status(StatusCode.ERROR, exc.code))
+            raise
+        span.set_attributes(
+            {
+                "kvoffload.admin.outcome": "applied",
+                "kvoffload.policy": result.policy,
+                "kvoffload.policy.version": result.policy_version,
+                "kvoffload.step": result.applied_at_step,
+            }
+        )
+        return result, engine.snapshot()
 
 
 async def _wait(

@@ -24,7 +24,7 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from app.application import EngineFactory
+    from app.application import EngineFactory, TelemetryFactory
 
 __all__ = ["create_app", "run"]
 
@@ -37,16 +37,21 @@ def create_app(
     settings: Settings | None = None,
     *,
     engine_factory: EngineFactory | None = None,
+    telemetry_factory: TelemetryFactory | None = None,
 ) -> FastAPI:
     """A new application; its engine is built and started by the lifespan.
 
     ``settings`` default to the ``KVOFFLOAD_*`` environment.
     ``engine_factory(settings, observers)`` replaces
-    :func:`app.engine_setup.build_engine` (to inject a workload or a handler).
+    :func:`app.engine_setup.build_engine` (to inject a workload or a handler);
+    ``telemetry_factory()`` replaces :func:`app.telemetry.setup_telemetry`
+    (to export to an in-memory exporter in tests).
     """
     from app.application import build_app
 
-    return build_app(settings if settings is not None else Settings(), engine_factory)
+    return build_app(
+        settings if settings is not None else Settings(), engine_factory, telemetry_factory
+    )
 
 
 def _configure_logging(level: str) -> None:

@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import NoOpTracer, Tracer
 from prometheus_client import CollectorRegistry
 
 from app.settings import Settings
@@ -81,5 +82,7 @@ class ServiceState:
     registry: CollectorRegistry
     #: set when the server begins to shut down: live streams end
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: spans for admin actions (a no-op tracer when nothing is exported)
+    tracer: Tracer = field(default_factory=NoOpTracer)
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
     metrics_body: MetricsCache = field(default_factory=MetricsCache)

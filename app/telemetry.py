@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.metrics import MeterProvider
@@ -40,7 +41,16 @@ from opentelemetry.sdk.resources import (
 )
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 from kvoffload._version import __version__
 from kvoffload.instrumentation.tracing import TracingObserver
@@ -137,11 +147,49 @@ def _resource(service_version: str) -> Resource:
     return Resource.create({k: v for k, v in defaults.items() if k not in from_env})
 
 
+#: spans whose name starts so are rare operator actions: always sampled
+ADMIN_SPAN_PREFIX = "kvoffload.admin."
+
+
+class AdminAlwaysSampler(Sampler):
+    """Samples every admin-action root span and defers the rest to ``delegate``.
+
+    Engine steps run hundreds of times a second and are sampled at a low
+    ratio; a policy switch or a reset happens a few times a day and is exactly
+    what an operator looks for, so it must never be dropped by the ratio.
+    """
+
+    def __init__(self, delegate: Sampler) -> None:
+        self._delegate = delegate
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if name.startswith(ADMIN_SPAN_PREFIX):
+            return ALWAYS_ON.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+        return self._delegate.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"AdminAlwaysSampler{{{self._delegate.get_description()}}}"
+
+
 def _sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler | None:
-    """``None`` lets the SDK read OTEL_TRACES_SAMPLER(_ARG) itself."""
+    """``None`` lets the SDK read OTEL_TRACES_SAMPLER(_ARG) itself (an
+    operator's explicit choice is taken as it is)."""
     if _env(environ, "OTEL_TRACES_SAMPLER"):
         return None
-    return ParentBased(TraceIdRatioBased(default_ratio))
+    return AdminAlwaysSampler(ParentBased(TraceIdRatioBased(default_ratio)))
 
 
 @dataclass(eq=False)

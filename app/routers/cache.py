@@ -47,5 +47,11 @@ async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -
             'reset drops every cached block that is not in use; send {"confirm": true} to do it',
         )
     engine = service.engine
-    result, snap = await apply(engine, engine.reset, timeout=service.settings.command_timeout)
+    result, snap = await apply(
+        engine,
+        engine.reset,
+        timeout=service.settings.command_timeout,
+        tracer=service.tracer,
+        action="reset",
+    )
     return CommandView.from_result(result, snap.state)

@@ -111,7 +111,14 @@ async def drain_events(
 ) -> DrainResult:
     log = service.engine.event_log
     limit = body.limit if body is not None else MAX_EVENTS_LIMIT
-    records = log.drain(limit)
+    with service.tracer.start_as_current_span(
+        "kvoffload.admin.drain_events",
+        attributes={"kvoffload.admin.action": "drain_events", "kvoffload.admin.limit": limit},
+    ) as span:
+        records = log.drain(limit)
+        span.set_attributes(
+            {"kvoffload.admin.outcome": "applied", "kvoffload.events.drained": len(records)}
+        )
     return DrainResult(events=[EventView.from_record(r) for r in records], remaining=len(log))
 
 

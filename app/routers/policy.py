@@ -51,10 +51,16 @@ async def put_policy(
     body: PolicySwitchRequest, _: AdminAccess, service: ServiceDep
 ) -> PolicySwitchResult:
     engine = service.engine
+    requested: dict[str, str | int] = {"kvoffload.admin.requested_policy": body.policy}
+    if body.expected_version is not None:
+        requested["kvoffload.admin.expected_version"] = body.expected_version
     result, _snap = await apply(
         engine,
         lambda: engine.switch_policy(body.policy, expected_version=body.expected_version),
         timeout=service.settings.command_timeout,
+        tracer=service.tracer,
+        action="switch_policy",
+        attributes=requested,
     )
     return PolicySwitchResult(
         policy=result.policy,

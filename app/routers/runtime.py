@@ -24,7 +24,13 @@ _RESPONSES = error_responses(401, 403, 503, 504)
 )
 async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
     engine = service.engine
-    result, snap = await apply(engine, engine.pause, timeout=service.settings.command_timeout)
+    result, snap = await apply(
+        engine,
+        engine.pause,
+        timeout=service.settings.command_timeout,
+        tracer=service.tracer,
+        action="pause",
+    )
     return CommandView.from_result(result, snap.state)
 
 
@@ -36,5 +42,11 @@ async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
 )
 async def resume(_: AdminAccess, service: ServiceDep) -> CommandView:
     engine = service.engine
-    result, snap = await apply(engine, engine.resume, timeout=service.settings.command_timeout)
+    result, snap = await apply(
+        engine,
+        engine.resume,
+        timeout=service.settings.command_timeout,
+        tracer=service.tracer,
+        action="resume",
+    )
     return CommandView.from_result(result, snap.state)

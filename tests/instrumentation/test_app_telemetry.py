@@ -211,8 +211,9 @@ def test_telemetry_default_resource_and_sampler(
     assert a.resource.attributes["service.name"] == "kvoffload"
     instance = a.resource.attributes["service.instance.id"]
     assert instance == b.resource.attributes["service.instance.id"]  # one id per process
+    # admin actions are always sampled; everything else by the parent-based ratio
     description = a.tracer_provider.sampler.get_description()
-    assert description.startswith("ParentBased")
+    assert description.startswith("AdminAlwaysSampler{ParentBased")
     assert str(DEFAULT_SAMPLING_RATIO) in description
 
     clean_env.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
