@@ -30,6 +30,7 @@ from app.settings import ENV_PREFIX, Settings
 from app.state import ServiceState
 from app.telemetry import Telemetry, setup_telemetry
 from kvoffload._version import __version__
+from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
 from kvoffload.instrumentation.prometheus import (
     KVOffloadCollector,
     PrometheusObserver,
@@ -105,6 +106,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         KVOffloadCollector(
             engine.snapshot, registry=registry, config_info=config_labels(engine.config)
         )
+        if telemetry.meter_provider is not None:
+            app.state.otel_metrics = OTelMetricsBridge(telemetry.meter_provider, registry)
         engine.start()
     except Exception as exc:
         logger.error("cannot start the engine: %s", exc)

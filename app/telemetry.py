@@ -243,7 +243,7 @@ class Telemetry:
 def setup_telemetry(
     *,
     service_version: str = __version__,
-    metrics: bool = False,
+    metrics: bool = True,
     default_sampling_ratio: float = DEFAULT_SAMPLING_RATIO,
     set_global: bool = False,
 ) -> Telemetry:
@@ -251,8 +251,10 @@ def setup_telemetry(
 
     Args:
         service_version: ``service.version`` of the resource.
-        metrics: also build an OTLP :class:`MeterProvider` (off by default:
-            the service's metrics are scraped from ``/metrics``).
+        metrics: build an OTLP :class:`MeterProvider` when a metrics endpoint
+            is configured (the app mirrors the ``/metrics`` catalogue onto it
+            with :class:`~kvoffload.instrumentation.otel_metrics.OTelMetricsBridge`);
+            ``OTEL_METRICS_EXPORTER=none`` turns it off.
         default_sampling_ratio: trace-id ratio when ``OTEL_TRACES_SAMPLER``
             is unset.
         set_global: also install the providers as the process-wide OTel

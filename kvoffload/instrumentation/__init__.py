@@ -30,6 +30,7 @@ from kvoffload.instrumentation.catalogue import (
 )
 
 if TYPE_CHECKING:
+    from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
     from kvoffload.instrumentation.prometheus import (
         KVOffloadCollector,
         PrometheusObserver,
@@ -43,6 +44,7 @@ __all__ = [
     "METRICS_BY_NAME",
     "KVOffloadCollector",
     "MetricSpec",
+    "OTelMetricsBridge",
     "PrometheusObserver",
     "TracingObserver",
     "config_labels",
@@ -54,6 +56,7 @@ _LAZY = {
     "PrometheusObserver": "kvoffload.instrumentation.prometheus",
     "config_labels": "kvoffload.instrumentation.prometheus",
     "TracingObserver": "kvoffload.instrumentation.tracing",
+    "OTelMetricsBridge": "kvoffload.instrumentation.otel_metrics",
 }
 
 

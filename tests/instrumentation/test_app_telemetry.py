@@ -17,6 +17,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -36,6 +40,7 @@ class Receiver:
     url: str
     traces: list[ExportTraceServiceRequest] = field(default_factory=list)
     logs: list[ExportLogsServiceRequest] = field(default_factory=list)
+    metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     #: while cleared, requests wait (up to 10 s) before being answered
     open: threading.Event = field(default_factory=threading.Event)
@@ -86,6 +91,9 @@ def receiver() -> Iterator[Receiver]:
             elif self.path == "/v1/logs":
                 rec.logs.append(ExportLogsServiceRequest.FromString(body))
                 reply = ExportLogsServiceResponse().SerializeToString()
+            elif self.path == "/v1/metrics":
+                rec.metrics.append(ExportMetricsServiceRequest.FromString(body))
+                reply = ExportMetricsServiceResponse().SerializeToString()
             else:
                 self.send_response(404)
                 self.end_headers()
@@ -143,7 +151,9 @@ def test_telemetry_exports_spans_and_logs_over_otlp_http(
     obs.command_applied(CommandResult("switch_policy", 1, "arc", 2, {"from": "lru"}))
     telemetry.shutdown()
 
-    assert set(receiver.paths) == {"/v1/traces", "/v1/logs"}
+    # metrics go too (an empty export at shutdown: no instruments here)
+    assert {"/v1/traces", "/v1/logs"} <= set(receiver.paths)
+    assert set(receiver.paths) <= {"/v1/traces", "/v1/logs", "/v1/metrics"}
     spans = receiver.spans()
     assert sorted(s.name for s in spans) == [
         "kvoffload.request",
@@ -288,6 +298,7 @@ def test_telemetry_unsupported_exporter_is_a_warning(
     clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     clean_env.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
     telemetry = setup_telemetry()
     assert not telemetry.exporting
     assert any("zipkin" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
@@ -302,3 +313,51 @@ def test_telemetry_does_not_set_global_providers(
     before = (trace.get_tracer_provider(), _logs.get_logger_provider())
     telemetry_teardown.append(setup_telemetry())
     assert (trace.get_tracer_provider(), _logs.get_logger_provider()) == before
+
+
+def test_telemetry_exports_the_metric_catalogue_over_otlp_http(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
+    from kvoffload.instrumentation.prometheus import KVOffloadCollector
+
+    from .conftest import make_manager, store
+
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.meter_provider is not None
+    manager = make_manager("lru", capacity=8)
+    store(manager, range(5))
+    registry = CollectorRegistry()
+    KVOffloadCollector(manager.stats, registry=registry)
+    OTelMetricsBridge(telemetry.meter_provider, registry)
+    telemetry.shutdown()  # the periodic reader exports once more on shutdown
+
+    assert "/v1/metrics" in receiver.paths
+    metrics = {
+        m.name: m
+        for req in receiver.metrics
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    stored = {
+        _attrs(p.attributes)["outcome"]: p.as_int or p.as_double
+        for p in metrics["kvoffload_store_blocks"].sum.data_points
+    }
+    assert stored["stored"] == 5
+    (used,) = metrics["kvoffload_used_blocks"].gauge.data_points
+    assert (used.as_int or used.as_double) == 5
+
+
+def test_metrics_export_can_be_turned_off(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.meter_provider is None and telemetry.tracer_provider is not None

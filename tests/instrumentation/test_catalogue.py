@@ -81,6 +81,7 @@ def test_public_api_is_pinned() -> None:
         "METRICS",
         "METRICS_BY_NAME",
         "MetricSpec",
+        "OTelMetricsBridge",
         "PrometheusObserver",
         "TracingObserver",
         "config_labels",

@@ -1,0 +1,91 @@
+"""The metric catalogue over OTLP: a bridge from the Prometheus registry to
+OpenTelemetry observable instruments (``opentelemetry-api`` only).
+
+The service's metrics live in one ``prometheus_client`` registry (scraped at
+``/metrics``). For backends that take OTLP instead, :class:`OTelMetricsBridge`
+creates one observable instrument per catalogue entry on a ``MeterProvider``
+the caller passes; at each export the instruments read the registry (once per
+collection, however many instruments ask), so both paths report the same
+numbers from the same snapshots and nothing runs on the engine's hot path.
+
+Counters become observable counters named without ``_total`` (OTLP-to-
+Prometheus converters add it back), gauges observable gauges. OTel has no
+observable histogram, so a histogram is exported as its ``_count`` and
+``_sum`` counters (rates and means survive; quantiles come from ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+from prometheus_client import CollectorRegistry
+
+from kvoffload._version import __version__
+from kvoffload.instrumentation.catalogue import METRICS
+
+__all__ = ["OTelMetricsBridge"]
+
+_Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+class OTelMetricsBridge:
+    """Mirror ``registry``'s catalogue metrics as observable instruments of
+    ``meter_provider`` (see the module docstring). Keep a reference for as long
+    as the export should run; :meth:`samples` is the one read of the registry."""
+
+    def __init__(
+        self,
+        meter_provider: MeterProvider,
+        registry: CollectorRegistry,
+        *,
+        max_age_s: float = 1.0,
+    ) -> None:
+        self._registry = registry
+        self._max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._cached: tuple[float, _Samples] | None = None
+        meter = meter_provider.get_meter("kvoffload", __version__)
+        #: OTel instrument name -> exposition sample name it reports
+        self.instruments: dict[str, str] = {}
+        for spec in METRICS:
+            if spec.type == "counter":
+                self._counter(meter, spec.base_name, spec.name, spec.help)
+            elif spec.type == "gauge":
+                self.instruments[spec.name] = spec.name
+                meter.create_observable_gauge(
+                    spec.name, callbacks=[self._callback(spec.name)], description=spec.help
+                )
+            else:
+                for part in ("count", "sum"):
+                    sample = f"{spec.name}_{part}"
+                    self._counter(meter, sample, sample, f"{part} of {spec.help}")
+
+    def _counter(self, meter: Meter, name: str, sample: str, help_text: str) -> None:
+        self.instruments[name] = sample
+        meter.create_observable_counter(
+            name, callbacks=[self._callback(sample)], description=help_text
+        )
+
+    def samples(self) -> _Samples:
+        """Every sample of the registry by name, read at most once per
+        ``max_age_s`` (one export asks once per instrument)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._cached is not None and now - self._cached[0] < self._max_age_s:
+                return self._cached[1]
+            out: _Samples = defaultdict(list)
+            for family in self._registry.collect():
+                for s in family.samples:
+                    out[s.name].append((s.labels, s.value))
+            self._cached = (now, out)
+            return out
+
+    def _callback(self, sample: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(value, labels) for labels, value in self.samples().get(sample, ())]
+
+        return observe
