@@ -39,19 +39,6 @@ def take_evictable(
     return got
 
 
-def scan_evictable(
-    od: OrderedDict[BlockHash, BlockStatus],
-    n: int,
-    protected: Container[BlockHash],
-    list_name: str,
-    victims: list[Victim],
-    passed: list[BlockHash],
-) -> None:
-    """Append up to ``n`` evictable entries of ``od`` (oldest first) to
-    ``victims``; record the non-evictable ones scanned past in ``passed``."""
-    take_evictable(iter(od.items()), n, protected, list_name, victims, passed)
-
-
 class LRUPolicy(EvictionPolicy):
     """One list in recency order; the least recently used evictable block goes."""
 
@@ -94,7 +81,7 @@ class LRUPolicy(EvictionPolicy):
         victims: list[Victim] = []
         passed: list[BlockHash] = []
         od = self.blocks
-        scan_evictable(od, n, protected, "lru", victims, passed)
+        take_evictable(iter(od.items()), n, protected, "lru", victims, passed)
         if len(victims) < n:
             return None
         for h, _, _ in victims:
