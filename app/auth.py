@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from app.errors import ApiError
 from app.settings import ENV_PREFIX, Settings
 
-__all__ = ["bearer_scheme", "require_admin", "require_read"]
+__all__ = ["bearer_scheme", "reads_allowed", "require_admin", "require_read"]
 
 #: declares the scheme in OpenAPI (the "Authorize" button of /docs); the
 #: checks below read the header themselves to tell missing from malformed.
@@ -73,6 +73,22 @@ def _matches(presented: str, expected: SecretStr | None) -> bool:
 def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
+
+
+def reads_allowed(authorization: str | None, settings: Settings) -> bool:
+    """Whether a request with this ``Authorization`` header may read: the
+    yes/no of :func:`require_read` without its detailed 401 answers."""
+    if settings.read_token is None:
+        return True
+    if authorization is None:
+        return False
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
+        return False
+    is_read = _matches(token, settings.read_token)
+    is_admin = _matches(token, settings.admin_token)
+    return is_read or is_admin
 
 
 async def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:

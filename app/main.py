@@ -75,7 +75,7 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _configure_logging(settings.log_level)
     from app.engine_setup import preloaded_engine_factory
-    from app.server import serve
+    from app.server import serve, serve_with_front
     from kvoffload.errors import KVOffloadError
 
     try:
@@ -85,5 +85,7 @@ def run(argv: list[str] | None = None) -> int:
     except KVOffloadError as exc:
         sys.stderr.write(f"kvoffload serve: error: {exc}\n")
         return EXIT_USAGE
+    if settings.front_proxy and settings.uds is None:
+        return serve_with_front(settings, sys.argv[1:] if argv is None else argv)
     started = serve(create_app(settings, engine_factory=factory), settings)
     return EXIT_OK if started else EXIT_STARTUP_FAILED

@@ -51,6 +51,17 @@ class Settings(BaseSettings):
         description="interface to bind; anything but loopback needs an admin token",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on")
+    front_proxy: bool = Field(
+        default=True,
+        description="answer HTTP from a separate front process that serves GET /v1/cache "
+        "and /metrics from a copy at most 50 ms old, so that polling does not slow the "
+        "engine; --no-front-proxy serves everything from the engine's process",
+    )
+    uds: str | None = Field(
+        default=None,
+        description="listen on this Unix socket instead of host:port (how the front "
+        "process reaches the engine's process)",
+    )
 
     # -- cache and engine ----------------------------------------------------
     policy: str = Field(default="lru", description="eviction policy at start (lru or arc)")

@@ -85,12 +85,18 @@ class Row:
 
 
 def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (Linux /proc), else NaN."""
+    """User + system CPU seconds of process ``pid`` and its live children
+    (``kvoffload serve`` is a front process plus the engine's process), from
+    Linux /proc; NaN elsewhere."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            total += process_cpu(int(child))
+    return total
 
 
 def serve_floor(port: int) -> None:
