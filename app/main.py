@@ -74,8 +74,14 @@ def run(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"kvoffload serve: error: {line}\n")
         return EXIT_USAGE
     _configure_logging(settings.log_level)
+    if settings.front_proxy and settings.uds is None:
+        # The engine's process checks the inputs (and says what is wrong)
+        # itself; the front imports neither the engine nor torch.
+        from app.server import serve_with_front
+
+        return serve_with_front(settings, sys.argv[1:] if argv is None else argv)
     from app.engine_setup import preloaded_engine_factory
-    from app.server import serve, serve_with_front
+    from app.server import serve
     from kvoffload.errors import KVOffloadError
 
     try:
@@ -85,7 +91,5 @@ def run(argv: list[str] | None = None) -> int:
     except KVOffloadError as exc:
         sys.stderr.write(f"kvoffload serve: error: {exc}\n")
         return EXIT_USAGE
-    if settings.front_proxy and settings.uds is None:
-        return serve_with_front(settings, sys.argv[1:] if argv is None else argv)
     started = serve(create_app(settings, engine_factory=factory), settings)
     return EXIT_OK if started else EXIT_STARTUP_FAILED

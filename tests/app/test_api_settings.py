@@ -100,11 +100,13 @@ def test_bad_settings_exit_2_with_a_clear_line(
         (["--gpu-block-size", "48"], "must be a multiple of gpu_block_size (48)"),
     ],
 )
+@pytest.mark.parametrize("mode", [[], ["--no-front-proxy"]], ids=["front", "one-process"])
 def test_bad_inputs_fail_before_serving(
-    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], fragment: str, mode: list[str], capfd: pytest.CaptureFixture[str]
 ) -> None:
-    assert run([*argv, "--port", "1"]) == 2
-    err = capsys.readouterr().err
+    # capfd, not capsys: with the front, the engine's process (a child) reports it
+    assert run([*argv, *mode, "--port", "1"]) == 2
+    err = capfd.readouterr().err
     assert err.startswith("kvoffload serve: error: ")
     assert fragment in err
     assert "Traceback" not in err
