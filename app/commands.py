@@ -7,11 +7,11 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import Status, StatusCode
 
 from app.errors import ApiError
+from app.state import ServiceState
 from kvoffload.errors import PolicyError
-from kvoffload.runtime import Engine
 from kvoffload.runtime.commands import CommandResult, EngineStoppedError, VersionConflictError
 from kvoffload.runtime.snapshot import EngineSnapshot
 
@@ -42,24 +42,24 @@ def engine_stopped(exc: Exception) -> ApiError:
 
 
 async def apply(
-    engine: Engine,
-    send: Callable[[], Future[CommandResult]],
-    *,
-    timeout: float,
-    tracer: Tracer,
+    service: ServiceState,
     action: str,
+    send: Callable[[], Future[CommandResult]],
     attributes: dict[str, str | int] | None = None,
 ) -> tuple[CommandResult, EngineSnapshot]:
-    """Queue a command with ``send()``, wait at most ``timeout`` seconds for the
-    engine thread to apply it, and return the result with the snapshot read
-    right after (the engine publishes before it resolves the future, so the
-    snapshot shows the command: a client's next read sees its own write).
+    """Queue a command with ``send()``, wait at most the configured command
+    timeout for the engine thread to apply it, and return the result with the
+    snapshot read right after (the engine publishes before it resolves the
+    future, so the snapshot shows the command: a client's next read sees its
+    own write).
 
     The whole exchange is one span ``kvoffload.admin.<action>`` carrying the
     request's ``attributes``, the outcome (``applied`` or the error code) and,
     when applied, the policy, its version and the step it took effect at.
     """
-    with tracer.start_as_current_span(
+    engine = service.engine
+    timeout = service.settings.command_timeout
+    with service.tracer.start_as_current_span(
         f"kvoffload.admin.{action}",
         attributes={"kvoffload.admin.action": action, **(attributes or {})},
         record_exception=False,

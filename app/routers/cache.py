@@ -46,12 +46,5 @@ async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -
             "confirmation_required",
             'reset drops every cached block that is not in use; send {"confirm": true} to do it',
         )
-    engine = service.engine
-    result, snap = await apply(
-        engine,
-        engine.reset,
-        timeout=service.settings.command_timeout,
-        tracer=service.tracer,
-        action="reset",
-    )
+    result, snap = await apply(service, "reset", service.engine.reset)
     return CommandView.from_result(result, snap.state)

@@ -55,12 +55,10 @@ async def put_policy(
     if body.expected_version is not None:
         requested["kvoffload.admin.expected_version"] = body.expected_version
     result, _snap = await apply(
-        engine,
+        service,
+        "switch_policy",
         lambda: engine.switch_policy(body.policy, expected_version=body.expected_version),
-        timeout=service.settings.command_timeout,
-        tracer=service.tracer,
-        action="switch_policy",
-        attributes=requested,
+        requested,
     )
     return PolicySwitchResult(
         policy=result.policy,

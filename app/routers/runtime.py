@@ -23,14 +23,7 @@ _RESPONSES = error_responses(401, 403, 503, 504)
     responses=_RESPONSES,
 )
 async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
-    engine = service.engine
-    result, snap = await apply(
-        engine,
-        engine.pause,
-        timeout=service.settings.command_timeout,
-        tracer=service.tracer,
-        action="pause",
-    )
+    result, snap = await apply(service, "pause", service.engine.pause)
     return CommandView.from_result(result, snap.state)
 
 
@@ -41,12 +34,5 @@ async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
     responses=_RESPONSES,
 )
 async def resume(_: AdminAccess, service: ServiceDep) -> CommandView:
-    engine = service.engine
-    result, snap = await apply(
-        engine,
-        engine.resume,
-        timeout=service.settings.command_timeout,
-        tracer=service.tracer,
-        action="resume",
-    )
+    result, snap = await apply(service, "resume", service.engine.resume)
     return CommandView.from_result(result, snap.state)
