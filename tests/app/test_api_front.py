@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_api_serve import TOKEN, free_port, serve, wait_ready
+from test_api_serve import SMALL_ENGINE_FLAGS, TOKEN, free_port, serve, wait_ready
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 READ_TOKEN = "front-read-token"
@@ -24,14 +24,7 @@ def front() -> Iterator[tuple[httpx.Client, subprocess.Popen[str]]]:
     proc = serve(
         "--port",
         str(port),
-        "--capacity",
-        "64",
-        "--gpu-blocks",
-        "64",
-        "--head-size",
-        "8",
-        "--device",
-        "cpu",
+        *SMALL_ENGINE_FLAGS,
         "--speed",
         "0",
         env={"KVOFFLOAD_ADMIN_TOKEN": TOKEN, "KVOFFLOAD_READ_TOKEN": READ_TOKEN},

@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "serve-test-admin-token"
 
 
+#: a small engine on CPU tensors: quick to start, same code paths
+SMALL_ENGINE_FLAGS = (
+    "--capacity",
+    "64",
+    "--gpu-blocks",
+    "64",
+    "--head-size",
+    "8",
+    "--device",
+    "cpu",
+)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,14 +77,7 @@ def server() -> Iterator[tuple[str, subprocess.Popen[str]]]:
         "127.0.0.1",
         "--port",
         str(port),
-        "--capacity",
-        "64",
-        "--gpu-blocks",
-        "64",
-        "--head-size",
-        "8",
-        "--device",
-        "cpu",
+        *SMALL_ENGINE_FLAGS,
         env={"KVOFFLOAD_ADMIN_TOKEN": TOKEN},
     )
     try:
