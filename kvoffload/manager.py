@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from operator import itemgetter
 from types import MappingProxyType
 
 from kvoffload.abstract import (
@@ -34,6 +35,16 @@ from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats
 
 logger = logging.getLogger(__name__)
+
+
+_HASH = itemgetter(0)
+_BLOCK = itemgetter(1)
+
+
+def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    for k, v in counts.items():
+        into[k] = into.get(k, 0) + v
+    return into
 
 
 def _as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -83,8 +94,9 @@ class PolicyOffloadingManager(OffloadingManager):
         self._failed = 0
         self._rejected_blocks = 0
         self._rejected_stores = 0
-        self._evictions: dict[str, int] = {}
+        # counts of the policies switched away from (the current one keeps its own)
         self._retired_ghost_hits: dict[str, int] = {}
+        self._retired_evictions: dict[str, int] = {}
         self._policy_switches = 0
         self._pinned = 0
         self._in_flight = 0
@@ -207,12 +219,8 @@ class PolicyOffloadingManager(OffloadingManager):
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
                 return None
-            backend.free_blocks([v[1] for v in victims])
-            evicted = [v[0] for v in victims]
-            sources = [v[2] for v in victims]
-            counts = self._evictions
-            for src in set(sources):
-                counts[src] = counts.get(src, 0) + sources.count(src)
+            backend.free_blocks(map(_BLOCK, victims))
+            evicted = list(map(_HASH, victims))
             if self.event_log is not None:
                 self.event_log.append("removed", evicted, self._block_size, self._medium)
         blocks = backend.allocate_blocks(to_store)
@@ -290,8 +298,8 @@ class PolicyOffloadingManager(OffloadingManager):
         old = self._policy
         new.seed(old.ordered_items())
         assert len(new) == len(old), "policy migration lost blocks"
-        for k, v in old.ghost_hits.items():
-            self._retired_ghost_hits[k] = self._retired_ghost_hits.get(k, 0) + v
+        _add_counts(self._retired_ghost_hits, old.ghost_hits)
+        _add_counts(self._retired_evictions, old.evictions)
         self._policy = new
         self._policy_switches += 1
         if self.event_log is not None:
@@ -309,11 +317,8 @@ class PolicyOffloadingManager(OffloadingManager):
         if evictable:
             victims = policy.evict(evictable, ())
             assert victims is not None
-            free = self.backend.free
-            for h, b, src in victims:
-                free(b)
-                evicted.append(h)
-                self._evictions[src] = self._evictions.get(src, 0) + 1
+            self.backend.free_blocks(map(_BLOCK, victims))
+            evicted = list(map(_HASH, victims))
         policy.clear_ghosts()
         if self.event_log is not None:
             if evicted:
@@ -326,9 +331,8 @@ class PolicyOffloadingManager(OffloadingManager):
         snapshot to others): it reads counters without a lock."""
         policy = self._policy
         used = len(policy)
-        ghost = dict(self._retired_ghost_hits)
-        for k, v in policy.ghost_hits.items():
-            ghost[k] = ghost.get(k, 0) + v
+        ghost = _add_counts(dict(self._retired_ghost_hits), policy.ghost_hits)
+        evictions = _add_counts(dict(self._retired_evictions), policy.evictions)
         counters = ManagerCounters(
             lookups=self._lookups,
             lookup_blocks=self._lookup_blocks,
@@ -346,7 +350,7 @@ class PolicyOffloadingManager(OffloadingManager):
                 }
             ),
             rejected_stores=self._rejected_stores,
-            evictions=MappingProxyType(dict(self._evictions)),
+            evictions=MappingProxyType(evictions),
             ghost_hits=MappingProxyType(ghost),
             policy_switches=self._policy_switches,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC
 from collections.abc import Iterable
+from typing import Self
 
 import numpy as np
 import numpy.typing as npt
@@ -17,7 +18,30 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     def __init__(self, block_ids: Iterable[int] | npt.NDArray[np.int64]) -> None:
         if not isinstance(block_ids, np.ndarray):
             block_ids = list(block_ids)
-        self.block_ids: npt.NDArray[np.int64] = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+        self._ids: list[int] | None = None
+        self._array: npt.NDArray[np.int64] | None = np.asarray(block_ids, dtype=np.int64).reshape(
+            -1
+        )
+
+    @classmethod
+    def from_id_list(cls, block_ids: list[int]) -> Self:
+        """A spec over a list of ``int`` ids the caller hands over (and does
+        not change afterwards): the array is built on first use of
+        :attr:`block_ids`, so a manager answering ``prepare_store`` does not
+        pay for it when nobody reads it (a replay, a dry run)."""
+        spec = cls.__new__(cls)
+        spec._ids = block_ids
+        spec._array = None
+        return spec
+
+    @property
+    def block_ids(self) -> npt.NDArray[np.int64]:
+        """The block ids, a one-dimensional ``numpy.int64`` array."""
+        array = self._array
+        if array is None:
+            array = self._array = np.array(self._ids, dtype=np.int64)
+            self._ids = None
+        return array
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.block_ids.tolist()!r})"

@@ -29,6 +29,12 @@ class CPUBackend(Backend):
     Never-used block ids are handed out in ascending order first; freed ids
     are then reused last-in-first-out (exactly as vLLM 0.11.2 does, so block
     ids match between the two).
+
+    There is one :class:`CPUBlockStatus` per block id, made on the id's first
+    allocation and handed out again (reset to in flight) each time the id is
+    reused: allocation on a full cache is a list slice, not an object per
+    block. A status object therefore describes a block only while that
+    block is resident; do not keep one past the block's eviction.
     """
 
     def __init__(self, block_size: int, num_blocks: int) -> None:
@@ -39,10 +45,16 @@ class CPUBackend(Backend):
         super().__init__(block_size=block_size, medium=CPULoadStoreSpec.medium())
         self.num_blocks: int = num_blocks
         self.num_allocated_blocks: int = 0
-        self.allocated_blocks_free_list: list[int] = []
+        # freed blocks, most recently freed last
+        self._free: list[CPUBlockStatus] = []
+
+    @property
+    def allocated_blocks_free_list(self) -> list[int]:
+        """Ids of the freed blocks, the next to be reused last (vLLM's field)."""
+        return [b.block_id for b in self._free]
 
     def get_num_free_blocks(self) -> int:
-        return len(self.allocated_blocks_free_list) + self.num_blocks - self.num_allocated_blocks
+        return len(self._free) + self.num_blocks - self.num_allocated_blocks
 
     def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
         n = len(block_hashes)
@@ -56,20 +68,24 @@ class CPUBackend(Backend):
         self.num_allocated_blocks = start + fresh
         reuse = n - fresh
         if reuse:
-            free_list = self.allocated_blocks_free_list
-            # last in, first out: the most recently freed id goes first
-            blocks.extend(map(CPUBlockStatus, free_list[: -reuse - 1 : -1]))
-            del free_list[-reuse:]
+            free = self._free
+            # last in, first out: the most recently freed block goes first
+            reused = free[: -reuse - 1 : -1]
+            del free[-reuse:]
+            for b in reused:
+                b.ref_cnt = -1
+            blocks += reused
         return blocks
 
     def free(self, block: BlockStatus) -> None:
-        assert isinstance(block, CPUBlockStatus)
-        self.allocated_blocks_free_list.append(block.block_id)
+        if not isinstance(block, CPUBlockStatus):
+            raise BlockStateError(f"not a block of this backend: {block!r}")
+        self._free.append(block)
 
     def free_blocks(self, blocks: Iterable[BlockStatus]) -> None:
-        self.allocated_blocks_free_list.extend([b.block_id for b in blocks])  # type: ignore[attr-defined]
+        self._free += blocks  # type: ignore[arg-type]
 
     def get_load_store_spec(
         self, block_hashes: Iterable[BlockHash], blocks: Iterable[BlockStatus]
     ) -> CPULoadStoreSpec:
-        return CPULoadStoreSpec([block.block_id for block in blocks])  # type: ignore[attr-defined]
+        return CPULoadStoreSpec.from_id_list([b.block_id for b in blocks])  # type: ignore[attr-defined]

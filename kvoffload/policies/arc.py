@@ -10,13 +10,42 @@ the other list when the preferred one has nothing evictable.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Iterator, Sequence
+from itertools import repeat
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.base import EvictionPolicy, Victim
-from kvoffload.policies.lru import take_evictable
+from kvoffload.policies.lru import _HASH, all_evictable, push_front
+
+
+def _take_evictable(
+    items: Iterator[tuple[BlockHash, BlockStatus]],
+    n: int,
+    protected: Container[BlockHash],
+    victims: list[Victim],
+    passed: list[BlockHash],
+) -> int:
+    """Move up to ``n`` evictable entries of ``items`` (oldest first) to
+    ``victims`` and return how many; record the non-evictable ones passed on
+    the way in ``passed``. ``items`` stops right after the last victim, so a
+    later call continues the same scan."""
+    if n <= 0:
+        return 0
+    got = 0
+    append = victims.append
+    for item in items:
+        if item[1].ref_cnt == 0:
+            if item[0] in protected:
+                continue
+            append(item)
+            got += 1
+            if got == n:
+                break
+        else:
+            passed.append(item[0])
+    return got
 
 
 class ARCPolicy(EvictionPolicy):
@@ -33,6 +62,7 @@ class ARCPolicy(EvictionPolicy):
         self.b1: OrderedDict[BlockHash, None] = OrderedDict()
         self.b2: OrderedDict[BlockHash, None] = OrderedDict()
         self.ghost_hits = {"b1": 0, "b2": 0}
+        self.evictions = {"t1": 0, "t2": 0}
         # Lists ("t1", "t2") whose last scan found every block pinned or in
         # flight; evict skips them until one of their blocks can be evicted
         # again (released(), or a promotion into T2). Without this, a busy
@@ -107,29 +137,44 @@ class ARCPolicy(EvictionPolicy):
 
     def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
         # T1 is preferred while len(T1) >= int(target), and each T1 victim
-        # shrinks it, so the picks come in at most three runs: T1 until it
-        # drops below the target, then T2, then T1 again (each list falling
-        # back to the other when it has nothing evictable). Every run resumes
-        # its list's iterator: one pass per list for the whole batch (vLLM
-        # restarts the scan for every victim: O(n * pinned)). Selection
-        # first, mutation after, so that a failed batch changes nothing.
+        # shrinks it: the picks are T1's oldest until it drops below the
+        # target, then T2's, then T1's again, each list falling back to the
+        # other when it has nothing evictable.
+        t1, t2 = self.t1, self.t2
+        first = min(n, len(t1), max(0, len(t1) - int(self.target_t1_size) + 1))
+        if n - first <= len(t2):
+            # The common case, without a Python step per block: the oldest
+            # `first` of T1 and `n - first` of T2 are all evictable.
+            v1 = list(map(t1.popitem, repeat(False, first)))
+            v2 = list(map(t2.popitem, repeat(False, n - first)))
+            if all_evictable(v1, protected) and all_evictable(v2, protected):
+                return self._evicted(v1, v2)
+            push_front(t1, v1)
+            push_front(t2, v2)
+        return self._scan(n, first, protected)
+
+    def _scan(self, n: int, first: int, protected: Container[BlockHash]) -> list[Victim] | None:
+        # Every run resumes its list's iterator: one pass per list for the
+        # whole batch (vLLM restarts the scan for every victim: O(n *
+        # pinned)). Selection first, mutation after, so that a failed batch
+        # changes nothing.
         t1, t2 = self.t1, self.t2
         busy = self._busy
         skip1, skip2 = "t1" in busy, "t2" in busy
         it1 = iter(t1.items())
         it2 = iter(t2.items())
-        victims: list[Victim] = []
+        v1: list[Victim] = []
+        v2: list[Victim] = []
         passed1: list[BlockHash] = []
         passed2: list[BlockHash] = []
-        first = min(n, max(0, len(t1) - int(self.target_t1_size) + 1))
-        got1 = 0 if skip1 else take_evictable(it1, first, protected, "t1", victims, passed1)
+        got1 = 0 if skip1 else _take_evictable(it1, first, protected, v1, passed1)
         done1 = skip1 or got1 < first  # T1 has nothing more to give
         rest = n - got1
-        got2 = 0 if skip2 else take_evictable(it2, rest, protected, "t2", victims, passed2)
+        got2 = 0 if skip2 else _take_evictable(it2, rest, protected, v2, passed2)
         done2 = skip2 or got2 < rest
         rest -= got2
         if rest and not done1:  # fall back to T1
-            more = take_evictable(it1, rest, protected, "t1", victims, passed1)
+            more = _take_evictable(it1, rest, protected, v1, passed1)
             done1 = more < rest
             got1 += more
             rest -= more
@@ -142,23 +187,24 @@ class ARCPolicy(EvictionPolicy):
             busy.add("t2")
         if not ok:
             return None
-        b1, b2 = self.b1, self.b2
-        for h, _, src in victims:
-            if src == "t1":
-                del t1[h]
-                b1[h] = None
-            else:
-                del t2[h]
-                b2[h] = None
+        deque(map(t1.__delitem__, map(_HASH, v1)), 0)
+        deque(map(t2.__delitem__, map(_HASH, v2)), 0)
         for od, passed in ((t1, passed1), (t2, passed2)):
-            move = od.move_to_end
-            for h in passed:
-                move(h)
+            deque(map(od.move_to_end, passed), 0)
+        return self._evicted(v1, v2)
+
+    def _evicted(self, v1: list[Victim], v2: list[Victim]) -> list[Victim]:
+        """Book victims already removed from T1 (``v1``) and T2 (``v2``):
+        ghosts, bounded ghost lists, counts."""
+        b1, b2 = self.b1, self.b2
         cap = self.capacity
-        for ghosts in (b1, b2):
-            for _ in range(len(ghosts) - cap):
-                ghosts.popitem(last=False)
-        return victims
+        for ghosts, victims, name in ((b1, v1, "t1"), (b2, v2, "t2")):
+            if victims:
+                ghosts.update(dict.fromkeys(map(_HASH, victims)))
+                if len(ghosts) > cap:
+                    deque(map(ghosts.popitem, repeat(False, len(ghosts) - cap)), 0)
+                self.evictions[name] += len(victims)
+        return v1 + v2 if v2 else v1
 
     def released(self, block_hashes: Sequence[BlockHash]) -> None:
         busy = self._busy

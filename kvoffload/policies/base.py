@@ -16,8 +16,8 @@ from typing import ClassVar
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 
-#: ``(hash, block, list it was evicted from)``
-Victim = tuple[BlockHash, BlockStatus, str]
+#: ``(hash, block)``, as ``OrderedDict.popitem`` returns it
+Victim = tuple[BlockHash, BlockStatus]
 
 
 class EvictionPolicy(ABC):
@@ -32,8 +32,10 @@ class EvictionPolicy(ABC):
       them; or it returns ``None`` and changes nothing;
     * ``evict`` costs amortised O(1) per victim even when most blocks are
       pinned or in flight: a non-evictable block the scan passes counts as
-      used at that moment (it *is* in use) and moves to its list's most
-      recent end, so later scans do not pass it again;
+      in use (it *is*) and leaves the scanned order (it moves to its list's
+      most recent end, or is parked until :meth:`released`), so later scans
+      do not pass it again;
+    * ``evictions`` counts the victims returned, by the list they left;
     * ``ordered_items`` yields every resident block, least valuable first;
       ``seed`` accepts that order from another policy (live switch).
     """
@@ -47,6 +49,8 @@ class EvictionPolicy(ABC):
         self.capacity = capacity
         #: touches that hit a ghost entry, by ghost list name
         self.ghost_hits: dict[str, int] = {}
+        #: blocks evicted, by the list they were evicted from
+        self.evictions: dict[str, int] = {}
 
     @abstractmethod
     def get(self, block_hash: BlockHash) -> BlockStatus | None:

@@ -83,3 +83,34 @@ def test_cpu_backend_free_blocks_is_free_in_order() -> None:
     assert _ids(b2.allocate_blocks(bhs(7, 8, 9, 10))) == [4, 5, 3, 0]
     assert b2.allocated_blocks_free_list == [2]
     assert b2.allocate_blocks([]) == []
+
+
+def test_cpu_backend_reuses_a_freed_status_object_reset_to_in_flight() -> None:
+    """Allocation on a full cache recycles the freed block's status object
+    (no object per block on the hot path); it must come back in flight,
+    whatever state it was freed in, and keep its id."""
+    b = CPUBackend(16, 2)
+    first, second = b.allocate_blocks(bhs(1, 2))
+    first.ref_cnt = 0
+    second.ref_cnt = 3  # a backend does not judge: the manager never frees these
+    b.free_blocks([first, second])
+    assert b.allocated_blocks_free_list == [0, 1]
+    again = b.allocate_blocks(bhs(3, 4))
+    assert again == [second, first]  # same objects, most recently freed first
+    assert [blk.ref_cnt for blk in again] == [-1, -1]
+    assert _ids(again) == [1, 0]
+
+
+def test_cpu_backend_free_rejects_a_foreign_block() -> None:
+    with pytest.raises(BlockStateError, match="not a block of this backend"):
+        CPUBackend(16, 2).free(BlockStatus())
+
+
+def test_spec_from_an_id_list_builds_the_same_array_on_first_use() -> None:
+    ids = [5, 0, 7]
+    spec = CPULoadStoreSpec.from_id_list(ids)
+    assert isinstance(spec.block_ids, np.ndarray) and spec.block_ids.dtype == np.int64
+    assert spec.block_ids.tolist() == [5, 0, 7]
+    assert spec.block_ids is spec.block_ids  # built once
+    assert repr(spec) == repr(CPULoadStoreSpec([5, 0, 7]))
+    assert CPUBackend(16, 3).get_load_store_spec([], []).block_ids.shape == (0,)

@@ -95,17 +95,26 @@ def test_lru_touch_walks_in_reverse() -> None:
     assert resident(m) == bhs(4, 3, 2, 1)
 
 
-def test_lru_blocks_passed_by_an_eviction_scan_move_to_the_recent_end() -> None:
+def test_lru_blocks_passed_by_an_eviction_scan_are_parked_until_released() -> None:
     """A pinned or in-flight block the scan passes is in use at that moment;
-    moving it keeps later scans from passing it again (defect 10)."""
-    m = LRUOffloadingManager(CPUBackend(16, 5))
+    parking it keeps later scans from passing it again (defect 10), and it
+    comes back as the most recently used when the manager releases it."""
+    m = LRUOffloadingManager(CPUBackend(16, 6))
     store(m, 1, 2, 3, 4)
     m.prepare_store(bhs(5))
     m.prepare_load(bhs(1))
     m.touch(bhs(5))  # order 1, 2, 3, 4, 5
-    out = m.prepare_store(bhs(6))
+    store(m, 6)
+    out = m.prepare_store(bhs(7))
     assert out is not None and out.block_hashes_evicted == bhs(2)
-    assert resident(m) == bhs(3, 4, 5, 1, 6)
+    assert resident(m) == bhs(3, 4, 5, 6, 7, 1)  # 1 parked: counts as most recent
+    assert m.lookup(bhs(1)) == 1 and bh(1) in m and m.get_block(bh(1)) is not None
+    m.complete_store(bhs(7))
+    m.complete_load(bhs(1))  # released: back as the most recent
+    assert resident(m) == bhs(3, 4, 5, 6, 7, 1)
+    m.touch(bhs(3))
+    assert store(m, 8).block_hashes_evicted == bhs(4)
+    assert resident(m) == bhs(5, 6, 7, 1, 3, 8)
 
 
 def test_lru_policy_lists_and_seed() -> None:
