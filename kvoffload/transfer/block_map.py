@@ -215,6 +215,41 @@ class CopyPlan:
         result: IntArray = self._cache["runs"]
         return result
 
+    def byte_runs(self, row_bytes: int) -> list[tuple[int, int, int]]:
+        """:attr:`runs` in bytes for rows of ``row_bytes``: ``(src_start,
+        src_end, dst_start)`` per run, ready for a loop of slice copies.
+        Cached per row size, so the layers of a job share one list."""
+        key = f"byte_runs:{row_bytes}"
+        if key not in self._cache:
+            n = self.src.size
+            num_runs = self.num_runs
+            out: list[tuple[int, int, int]]
+            if num_runs == 0:
+                out = []
+            elif num_runs == 1:
+                s0 = int(self.src[0]) * row_bytes
+                out = [(s0, s0 + n * row_bytes, int(self.dst[0]) * row_bytes)]
+            elif num_runs == n:
+                # Every row its own run (random ids): skip the run analysis.
+                s0s = self.src * row_bytes
+                out = list(
+                    zip(
+                        s0s.tolist(),
+                        (s0s + row_bytes).tolist(),
+                        (self.dst * row_bytes).tolist(),
+                        strict=True,
+                    )
+                )
+            else:
+                runs = self.runs * row_bytes
+                ends = runs[:, 0] + runs[:, 2]
+                out = list(
+                    zip(runs[:, 0].tolist(), ends.tolist(), runs[:, 1].tolist(), strict=True)
+                )
+            self._cache[key] = out
+        result: list[tuple[int, int, int]] = self._cache[key]
+        return result
+
     def _side_runs(self, key: str, idx: IntArray, side: int) -> IntArray:
         if key not in self._cache:
             n = idx.size
@@ -249,13 +284,9 @@ def _check_ids(name: str, ids: IntArray, num_blocks: int | None) -> IntArray:
     if ids.dtype != np.int64:
         ids = ids.astype(np.int64)
     if ids.size:
-        if ids.size <= 64:  # Python's min/max beat two numpy reductions here
-            values = ids.tolist()
-            lo, hi = min(values), max(values)
-        else:
-            lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or (num_blocks is not None and hi >= num_blocks):
-            limit = np.inf if num_blocks is None else num_blocks
+        # One reduction: as unsigned words, negative ids are above any bound.
+        limit = np.iinfo(np.int64).max if num_blocks is None else num_blocks
+        if int(ids.view(np.uint64).max()) >= limit:
             bad = ids[(ids < 0) | (ids >= limit)]
             raise TransferError(
                 f"{name} block ids {bad[:8].tolist()} are out of range [0, {num_blocks})"
@@ -332,7 +363,7 @@ def plan_copy(
     # happened to land last; it is always a caller bug, so refuse it.
     if dst_ids.size > 1:
         ordered = np.sort(dst_ids)
-        if (ordered[1:] == ordered[:-1]).any():
+        if np.count_nonzero(ordered[1:] == ordered[:-1]):
             raise TransferError("destination block ids contain repeats")
 
     src = expand_block_ids(src_ids, src_factor, s_first, s_last)

@@ -153,6 +153,24 @@ def test_plan_copy_runs_rebuild_the_pairs(
     assert plan.dst_runs.tolist() == consecutive_runs(plan.dst).tolist()
     assert plan.num_src_runs == len(plan.src_runs)
     assert plan.num_dst_runs == len(plan.dst_runs)
+    assert plan.byte_runs(24) == [(s * 24, (s + k) * 24, d * 24) for s, d, k in plan.runs.tolist()]
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        pytest.param([], [], id="empty"),
+        pytest.param([3, 4, 5], [7, 8, 9], id="one-run"),
+        pytest.param([5, 1, 3], [0, 4, 2], id="all-single"),
+        pytest.param([0, 1, 5, 6, 9], [2, 3, 7, 8, 0], id="mixed"),
+    ],
+)
+def test_copy_plan_byte_runs_each_shape(src: list[int], dst: list[int]) -> None:
+    plan = plan_copy(np.array(src, dtype=np.int64), 1, np.array(dst, dtype=np.int64), 1)
+    expected = [(s * 10, (s + k) * 10, d * 10) for s, d, k in plan.runs.tolist()]
+    assert plan.byte_runs(10) == expected
+    assert plan.byte_runs(10) is plan.byte_runs(10)  # cached for every layer
+    assert plan.byte_runs(3) == [(s * 3, (s + k) * 3, d * 3) for s, d, k in plan.runs.tolist()]
 
 
 @given(jobs(), st.integers(1, 7))
@@ -227,6 +245,13 @@ def test_plan_transfer_rejects_out_of_range_ids(
         plan_transfer(
             (GPULoadStoreSpec(gpu), CPULoadStoreSpec(cpu)), 2, num_gpu_blocks=64, num_cpu_blocks=16
         )
+
+
+def test_plan_copy_rejects_negative_ids_without_a_bound() -> None:
+    with pytest.raises(TransferError, match=r"\[-3\] are out of range"):
+        plan_copy(np.array([0, -3]), 1, np.array([4, 5]), 1)
+    with pytest.raises(TransferError, match="out of range"):
+        plan_copy(np.array([0, 1]), 1, np.array([4, 2**63 + 1], dtype=np.uint64), 1)
 
 
 def test_plan_transfer_rejects_repeated_destination_blocks() -> None:
