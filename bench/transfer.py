@@ -6,7 +6,8 @@ ids, and a plain contiguous ``Tensor.copy_`` of the same bytes between the
 same devices (one copy per layer, like the job). Ratios near 1 mean the
 block mapping costs nothing on top of moving the bytes.
 
-Run: ``.venv/bin/python bench/transfer.py [--quick] [--threads N] [--device cpu|cuda]``.
+Run: ``.venv/bin/python bench/transfer.py [--quick] [--threads N] [--device cpu|cuda]
+[--block-kib 16,64] [--blocks 64,256]``.
 Timings are best-of-batches; nothing here is asserted.
 """
 
@@ -156,6 +157,18 @@ def main() -> None:
     ap.add_argument("--factor", type=int, default=1, help="cpu_block_size / gpu_block_size")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--block-kib",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="comma-separated block sizes in KiB per layer (default: by --quick)",
+    )
+    ap.add_argument(
+        "--blocks",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=None,
+        help="comma-separated job sizes in blocks (default: by --quick)",
+    )
+    ap.add_argument(
         "--clock",
         choices=["wall", "cpu"],
         default="wall",
@@ -177,7 +190,11 @@ def main() -> None:
         if args.quick
         else [16 * KIB, 64 * KIB, 256 * KIB, 1 * MIB, 2 * MIB]
     )
+    if args.block_kib:
+        block_sizes = [k * KIB for k in args.block_kib]
     counts = [1, 16, 64, 256] if args.quick else [1, 4, 16, 64, 128, 256]
+    if args.blocks:
+        counts = args.blocks
     budget = 0.1 if args.quick else 0.5
     print(
         f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
