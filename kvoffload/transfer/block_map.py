@@ -215,39 +215,32 @@ class CopyPlan:
         result: IntArray = self._cache["runs"]
         return result
 
-    def byte_runs(self, row_bytes: int) -> list[tuple[int, int, int]]:
-        """:attr:`runs` in bytes for rows of ``row_bytes``: ``(src_start,
-        src_end, dst_start)`` per run, ready for a loop of slice copies.
-        Cached per row size, so the layers of a job share one list."""
+    def byte_runs(self, row_bytes: int) -> tuple[list[int], list[int], list[int]]:
+        """:attr:`runs` in bytes for rows of ``row_bytes``: three lists,
+        ``src_start``, ``src_end`` and ``dst_start`` of each run, ready for
+        ``zip`` in a loop of slice copies (no tuple per run is built).
+        Cached per row size, so the layers of a job share them."""
         key = f"byte_runs:{row_bytes}"
         if key not in self._cache:
             n = self.src.size
             num_runs = self.num_runs
-            out: list[tuple[int, int, int]]
+            out: tuple[list[int], list[int], list[int]]
             if num_runs == 0:
-                out = []
+                out = ([], [], [])
             elif num_runs == 1:
                 s0 = int(self.src[0]) * row_bytes
-                out = [(s0, s0 + n * row_bytes, int(self.dst[0]) * row_bytes)]
+                out = ([s0], [s0 + n * row_bytes], [int(self.dst[0]) * row_bytes])
             elif num_runs == n:
                 # Every row its own run (random ids): skip the run analysis.
-                s0s = self.src * row_bytes
-                out = list(
-                    zip(
-                        s0s.tolist(),
-                        (s0s + row_bytes).tolist(),
-                        (self.dst * row_bytes).tolist(),
-                        strict=True,
-                    )
-                )
+                starts = self.src * row_bytes
+                ends = starts + row_bytes
+                out = (starts.tolist(), ends.tolist(), (self.dst * row_bytes).tolist())
             else:
                 runs = self.runs * row_bytes
                 ends = runs[:, 0] + runs[:, 2]
-                out = list(
-                    zip(runs[:, 0].tolist(), ends.tolist(), runs[:, 1].tolist(), strict=True)
-                )
+                out = (runs[:, 0].tolist(), ends.tolist(), runs[:, 1].tolist())
             self._cache[key] = out
-        result: list[tuple[int, int, int]] = self._cache[key]
+        result: tuple[list[int], list[int], list[int]] = self._cache[key]
         return result
 
     def _side_runs(self, key: str, idx: IntArray, side: int) -> IntArray:

@@ -161,7 +161,7 @@ class HostCopier:
             src_b, dst_b = pair.src_bytes, pair.dst_bytes
             if src_b is None or dst_b is None:
                 raise ValueError("the bytes strategy needs two contiguous CPU tensors")
-            for s0, s1, d0 in plan.byte_runs(pair.row_bytes):
+            for s0, s1, d0 in zip(*plan.byte_runs(pair.row_bytes), strict=True):
                 dst_b[d0 : d0 + s1 - s0] = src_b[s0:s1]
         elif chosen == "pair":
             for s, d, k in plan.runs.tolist():

@@ -153,7 +153,9 @@ def test_plan_copy_runs_rebuild_the_pairs(
     assert plan.dst_runs.tolist() == consecutive_runs(plan.dst).tolist()
     assert plan.num_src_runs == len(plan.src_runs)
     assert plan.num_dst_runs == len(plan.dst_runs)
-    assert plan.byte_runs(24) == [(s * 24, (s + k) * 24, d * 24) for s, d, k in plan.runs.tolist()]
+    assert list(zip(*plan.byte_runs(24), strict=True)) == [
+        (s * 24, (s + k) * 24, d * 24) for s, d, k in plan.runs.tolist()
+    ]
 
 
 @pytest.mark.parametrize(
@@ -168,9 +170,11 @@ def test_plan_copy_runs_rebuild_the_pairs(
 def test_copy_plan_byte_runs_each_shape(src: list[int], dst: list[int]) -> None:
     plan = plan_copy(np.array(src, dtype=np.int64), 1, np.array(dst, dtype=np.int64), 1)
     expected = [(s * 10, (s + k) * 10, d * 10) for s, d, k in plan.runs.tolist()]
-    assert plan.byte_runs(10) == expected
+    assert list(zip(*plan.byte_runs(10), strict=True)) == expected
     assert plan.byte_runs(10) is plan.byte_runs(10)  # cached for every layer
-    assert plan.byte_runs(3) == [(s * 3, (s + k) * 3, d * 3) for s, d, k in plan.runs.tolist()]
+    assert list(zip(*plan.byte_runs(3), strict=True)) == [
+        (s * 3, (s + k) * 3, d * 3) for s, d, k in plan.runs.tolist()
+    ]
 
 
 @given(jobs(), st.integers(1, 7))
