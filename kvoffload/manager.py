@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from itertools import repeat
 from operator import itemgetter
 from types import MappingProxyType
 
@@ -99,7 +100,8 @@ class PolicyOffloadingManager(OffloadingManager):
         self._retired_evictions: dict[str, int] = {}
         self._policy_switches = 0
         self._pinned = 0
-        self._in_flight = 0
+        # blocks whose store is in flight (ref_cnt -1), by hash
+        self._stores: dict[BlockHash, BlockStatus] = {}
 
     # -- introspection ----------------------------------------------------
 
@@ -213,7 +215,7 @@ class PolicyOffloadingManager(OffloadingManager):
         if n_evict > 0:
             # More than the unpinned ready blocks: no room, known without a
             # scan (a cache full of loads and stores in flight stays O(1)).
-            evictable = len(policy) - self._pinned - self._in_flight
+            evictable = len(policy) - self._pinned - len(self._stores)
             victims = policy.evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
@@ -225,8 +227,8 @@ class PolicyOffloadingManager(OffloadingManager):
                 self.event_log.append("removed", evicted, self._block_size, self._medium)
         blocks = backend.allocate_blocks(to_store)
         policy.insert(to_store, blocks)
+        self._stores.update(zip(to_store, blocks, strict=True))
         n = len(to_store)
-        self._in_flight += n
         self._store_prepared += n
         self._skipped_present += len(named) - n
         return PrepareStoreOutput(
@@ -241,6 +243,17 @@ class PolicyOffloadingManager(OffloadingManager):
         both cases. Raises :class:`BlockStateError`, changing nothing, for a
         hash that was never prepared (or already failed)."""
         hashes = _as_list(block_hashes)
+        stores = self._stores
+        # The usual call completes stores in flight, each named once: one
+        # C-level pass takes them off the in-flight table.
+        done = list(map(stores.pop, hashes, repeat(None)))
+        if None not in done and success:
+            for b in done:
+                b.ref_cnt = 0  # type: ignore[union-attr]
+            self._stored += len(hashes)
+            self._stores_done(hashes)
+            return
+        stores.update((h, b) for h, b in zip(hashes, done, strict=True) if b is not None)
         policy = self._policy
         blocks = policy.get_many(hashes)
         if None in blocks:
@@ -250,26 +263,24 @@ class PolicyOffloadingManager(OffloadingManager):
                 "(or its store already failed)"
             )
         if success:
-            stored: list[BlockHash] = []
-            for h, b in zip(hashes, blocks, strict=True):
-                if b.ref_cnt < 0:  # type: ignore[union-attr]
-                    b.ref_cnt = 0  # type: ignore[union-attr]
-                    stored.append(h)
-            self._in_flight -= len(stored)
+            stored = [h for h in dict.fromkeys(hashes) if h in stores]
+            for h in stored:
+                stores.pop(h).ref_cnt = 0
             self._stored += len(stored)
-            if stored:
-                policy.released(stored)
-                if self.event_log is not None:
-                    self.event_log.append("stored", stored, self._block_size, self._medium)
+            self._stores_done(stored)
         else:
+            failed = [h for h in dict.fromkeys(hashes) if h in stores]
             free = self.backend.free
-            failed = 0
-            for h, b in zip(hashes, blocks, strict=True):
-                if b.ref_cnt < 0 and policy.remove(h) is not None:  # type: ignore[union-attr]
-                    free(b)  # type: ignore[arg-type]
-                    failed += 1
-            self._in_flight -= failed
-            self._failed += failed
+            for h in failed:
+                policy.remove(h)
+                free(stores.pop(h))
+            self._failed += len(failed)
+
+    def _stores_done(self, stored: list[BlockHash]) -> None:
+        if stored:
+            self._policy.released(stored)
+            if self.event_log is not None:
+                self.event_log.append("stored", stored, self._block_size, self._medium)
 
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the log and return its store/remove events (vLLM behaviour).
@@ -362,7 +373,7 @@ class PolicyOffloadingManager(OffloadingManager):
             used=used,
             free=self.backend.get_num_free_blocks(),
             pinned=self._pinned,
-            in_flight=self._in_flight,
+            in_flight=len(self._stores),
             lists=MappingProxyType(policy.list_sizes()),
             params=MappingProxyType(policy.params()),
             counters=counters,

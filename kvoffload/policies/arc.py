@@ -93,13 +93,10 @@ class ARCPolicy(EvictionPolicy):
         return len(self.t1) + len(self.t2)
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
-        t1 = self.t1
-        b1_pop = self.b1.pop
-        b2_pop = self.b2.pop
-        for h, b in zip(block_hashes, blocks, strict=True):
-            t1[h] = b
-            b1_pop(h, None)
-            b2_pop(h, None)
+        self.t1.update(zip(block_hashes, blocks, strict=True))
+        for ghosts in (self.b1, self.b2):  # re-stored: no longer a ghost
+            if ghosts:
+                deque(map(ghosts.pop, block_hashes, repeat(None)), 0)
         if "t1" in self._busy and any(b.ref_cnt == 0 for b in blocks):
             self._busy.discard("t1")
 
@@ -110,7 +107,10 @@ class ARCPolicy(EvictionPolicy):
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         busy = self._busy
-        for h in reversed(block_hashes):
+        # Most touched hashes are in no list (a new prompt's blocks): one
+        # pass of membership tests drops them before the per-list work.
+        known = [h for h in reversed(block_hashes) if h in t1 or h in t2 or h in b1 or h in b2]
+        for h in known:
             b = t1.get(h)
             if b is not None:
                 if b.ref_cnt < 0:
