@@ -1,98 +1,123 @@
-"""The C-level eviction fast paths pick exactly what the block-by-block
-scans pick, and a failed eviction changes nothing, on random states."""
+"""Batched eviction (``RecencyList.take``) picks exactly what a
+block-by-block scan picks, parks the busy blocks it passes, and a failed
+eviction changes nothing; on random states, for LRU and ARC."""
 
 from __future__ import annotations
-
-import copy
-from collections import OrderedDict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.arc import ARCPolicy
-from kvoffload.policies.lru import LRUPolicy, pop_oldest
+from kvoffload.policies.lru import LRUPolicy
+from kvoffload.policies.recency import RecencyList, Taken
 
 from .fakes import bh
 
 # a block's state: -1 in flight, 0 evictable, > 0 pinned
 states = st.lists(st.sampled_from([-1, 0, 0, 0, 1, 2]), min_size=0, max_size=24)
 
+State = list[tuple[bytes, int]]
 
-def _blocks(refs: list[int], base: int = 0) -> OrderedDict[bytes, BlockStatus]:
-    od: OrderedDict[bytes, BlockStatus] = OrderedDict()
+
+def _fill(lst: RecencyList, refs: list[int], base: int = 0) -> None:
     for i, r in enumerate(refs):
         b = BlockStatus()
         b.ref_cnt = r
-        od[bh(base + i)] = b
-    return od
+        lst.order[bh(base + i)] = b
 
 
-def _order(od: OrderedDict[bytes, BlockStatus]) -> list[tuple[bytes, int]]:
-    return [(h, b.ref_cnt) for h, b in od.items()]
+def _state(lst: RecencyList) -> State:
+    return [(h, b.ref_cnt) for h, b in lst.entries()]
 
 
-def _scan_reference(
-    od: OrderedDict[bytes, BlockStatus], n: int, protected: set[bytes]
-) -> list[bytes] | None:
-    """The oldest ``n`` evictable, unprotected hashes, by a plain scan."""
-    picked = [h for h, b in od.items() if b.ref_cnt == 0 and h not in protected][:n]
-    return picked if len(picked) == n else None
+def _pick(state: State, n: int, protected: set[bytes]) -> list[bytes]:
+    """Up to ``n`` oldest evictable, unprotected hashes, by a plain scan."""
+    return [h for h, r in state if r == 0 and h not in protected][:n]
+
+
+def _after(state: State, victims: list[bytes], exhausted: bool = False) -> State:
+    """The list after evicting ``victims``: the busy entries the scan passed
+    (older than the last victim, or all of them if the scan reached the
+    end) are parked, so they come last; the rest keep their order."""
+    scanned = state if exhausted else state[: state.index((victims[-1], 0))] if victims else []
+    passed = [e for e in scanned if e[1] != 0]
+    return [e for e in state if e[0] not in victims and e not in passed] + passed
+
+
+def _protected(data: st.DataObject, hashes: list[bytes]) -> set[bytes]:
+    return set(data.draw(st.lists(st.sampled_from(hashes or [bh(999)]), max_size=6)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(refs=states, n=st.integers(1, 12), data=st.data())
-def test_lru_pop_oldest_matches_a_scan(refs: list[int], n: int, data: st.DataObject) -> None:
-    od = _blocks(refs)
-    protected = set(data.draw(st.lists(st.sampled_from(list(od) or [bh(999)]), max_size=6)))
-    before = _order(od)
-    expected = _scan_reference(od, n, protected)
-    parked: dict[bytes, BlockStatus] = {}
-    victims = pop_oldest(od, n, protected, parked)
-    if expected is None:
+def test_lru_eviction_matches_a_scan(refs: list[int], n: int, data: st.DataObject) -> None:
+    p = LRUPolicy(capacity=64)
+    _fill(p.blocks, refs)
+    before = _state(p.blocks)
+    protected = _protected(data, [h for h, _ in before])
+    expected = _pick(before, n, protected)
+    victims = p.evict(n, protected)
+    if len(expected) < n:
         assert victims is None
-        assert _order(od) == before and not parked  # nothing changed
+        assert _state(p.blocks) == before and not p.blocks.parked  # nothing changed
         return
     assert victims is not None and [h for h, _ in victims] == expected
-    # what is left: the entries not taken, in their order, busy ones passed parked
-    last = before.index((expected[-1], 0))
-    passed_busy = [h for h, r in before[:last] if r != 0]
-    assert list(parked) == passed_busy
-    gone = set(expected) | set(passed_busy)
-    assert _order(od) == [(h, r) for h, r in before if h not in gone]
+    assert _state(p.blocks) == _after(before, expected)
+    assert p.evictions == {"lru": n}
+
+
+def _arc_pick(
+    t1: State, t2: State, target: int, n: int, protected: set[bytes]
+) -> tuple[list[bytes], list[bytes], bool, bool] | None:
+    """ARC's choice spelled out: T1 while it is at or above the target, then
+    T2, then T1 again; and whether each list was scanned to its end."""
+    ev1 = _pick(t1, len(t1), protected)
+    ev2 = _pick(t2, len(t2), protected)
+    first = min(n, max(0, len(t1) - target + 1))
+    v1 = ev1[:first]
+    done1 = len(v1) < first
+    v2 = ev2[: n - len(v1)]
+    done2 = len(v2) < n - len(v1)
+    if len(v1) + len(v2) < n and not done1:
+        v1 = ev1[: n - len(v2)]
+    return (v1, v2, done1, done2) if len(v1) + len(v2) == n else None
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    t1=states,
-    t2=states,
-    target=st.integers(0, 30),
-    n=st.integers(1, 12),
-    data=st.data(),
-)
-def test_arc_fast_path_picks_what_the_scan_picks(
+@given(t1=states, t2=states, target=st.integers(0, 30), n=st.integers(1, 12), data=st.data())
+def test_arc_eviction_matches_its_definition(
     t1: list[int], t2: list[int], target: int, n: int, data: st.DataObject
 ) -> None:
     p = ARCPolicy(capacity=64)
-    p.t1 = _blocks(t1)
-    p.t2 = _blocks(t2, base=100)
+    _fill(p.t1, t1)
+    _fill(p.t2, t2, base=100)
     p.target_t1_size = float(target)
-    everything = [*p.t1, *p.t2]
-    protected = set(data.draw(st.lists(st.sampled_from(everything or [bh(999)]), max_size=6)))
-    scanned = copy.deepcopy(p)
-    first = min(n, len(p.t1), max(0, len(p.t1) - target + 1))
-    expected = scanned._scan(n, first, protected)
+    before1, before2 = _state(p.t1), _state(p.t2)
+    protected = _protected(data, [h for h, _ in before1 + before2])
+    expected = _arc_pick(before1, before2, target, n, protected)
     got = p.evict(n, protected)
-    assert (got is None) == (expected is None)
-    if got is not None and expected is not None:
-        assert [h for h, _ in got] == [h for h, _ in expected]
-    for name in ("t1", "t2"):
-        assert _order(getattr(p, name)) == _order(getattr(scanned, name))
-    assert (list(p.b1), list(p.b2), p.evictions) == (
-        list(scanned.b1),
-        list(scanned.b2),
-        scanned.evictions,
-    )
+    if expected is None:
+        assert got is None
+        assert (_state(p.t1), _state(p.t2)) == (before1, before2)
+        assert not (p.t1.parked or p.t2.parked or p.b1 or p.b2)
+        return
+    v1, v2, done1, done2 = expected
+    assert got is not None and [h for h, _ in got] == v1 + v2
+    assert _state(p.t1) == _after(before1, v1, done1)
+    assert _state(p.t2) == _after(before2, v2, done2)
+    assert (list(p.b1), list(p.b2)) == (v1, v2)
+    assert p.evictions == {"t1": len(v1), "t2": len(v2)}
+
+
+def test_recency_list_take_rollback_restores_order() -> None:
+    lst = RecencyList()
+    _fill(lst, [0, 1, 0, -1, 0])
+    before = _state(lst)
+    taken = Taken()
+    assert [h for h, _ in lst.take(2, {bh(0)}, taken)] == [bh(2), bh(4)]
+    lst.rollback(taken)
+    assert _state(lst) == before and not lst.parked
 
 
 def test_lru_policy_parks_and_releases_through_the_seam() -> None:
@@ -104,12 +129,24 @@ def test_lru_policy_parks_and_releases_through_the_seam() -> None:
     blocks[2].ref_cnt = 0
     victims = p.evict(1, ())
     assert victims is not None and [h for h, _ in victims] == [bh(2)]
-    assert p.parked == {bh(1): blocks[0]}
+    assert p.blocks.parked == {bh(1): blocks[0]}
     assert p.get(bh(1)) is blocks[0] and bh(1) in p and len(p) == 2
     assert p.get_many([bh(3), bh(1), bh(9)]) == [blocks[2], blocks[0], None]
     assert p.absent([bh(1), bh(3), bh(9)]) == [bh(9)]
     blocks[0].ref_cnt = 0
     p.released([bh(1)])
-    assert not p.parked and list(p.blocks) == [bh(3), bh(1)]
-    assert p.get == p.blocks.get  # back to the C lookup
+    assert not p.blocks.parked and list(p.blocks) == [bh(3), bh(1)]
+    assert p.get == p.blocks.order.get  # back to the C lookup
     assert p.remove(bh(1)) is blocks[0] and p.remove(bh(1)) is None
+
+
+def test_arc_parked_t1_block_touched_while_pinned_returns_to_t2() -> None:
+    p = ARCPolicy(capacity=8)
+    _fill(p.t1, [1, 0, 0])  # bh(0) pinned
+    assert [h for h, _ in p.evict(1, ()) or []] == [bh(1)]
+    assert list(p.t1.parked) == [bh(0)]
+    p.touch([bh(0)])  # a second use while parked: T2's now
+    assert bh(0) in p.t2 and bh(0) not in p.t1
+    p.t2[bh(0)].ref_cnt = 0
+    p.released([bh(0)])
+    assert list(p.t2.order) == [bh(0)] and not p.t2.parked

@@ -1,0 +1,146 @@
+"""A recency-ordered list of resident blocks that parks busy blocks.
+
+The building block of the LRU and ARC policies. Blocks are kept in an
+``OrderedDict``, least recently used first. An eviction pops entries from
+the old end in batches and sorts them with C-level filters (no Python step
+per block in the usual case where they are all evictable). A pinned or
+in-flight block it meets is *parked* in a side table: it is in use, it stays
+resident and visible (as the most recent entries), and it comes back to the
+recent end when the manager releases it. So no later eviction passes it
+again: eviction is O(1) amortised per victim however many blocks are busy
+(vLLM rescans them every time, defect 10).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Container, Iterable, Iterator, Mapping
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter, not_
+
+from kvoffload.abstract import BlockHash
+from kvoffload.backend import BlockStatus
+
+#: ``(hash, block)``, as ``OrderedDict.popitem`` returns it
+Entry = tuple[BlockHash, BlockStatus]
+
+_HASH = itemgetter(0)
+_BLOCK = itemgetter(1)
+_REF_CNT = attrgetter("ref_cnt")
+
+
+class Taken:
+    """What one eviction has popped from one :class:`RecencyList` so far,
+    kept until it commits or rolls back."""
+
+    __slots__ = ("busy", "seen", "skipped")
+
+    def __init__(self) -> None:
+        self.seen: list[Entry] = []  # every entry popped, in order
+        self.busy: list[Entry] = []  # pinned or in flight: to park
+        self.skipped: list[Entry] = []  # protected: back to the old end
+
+
+class RecencyList(Mapping[BlockHash, BlockStatus]):
+    """Resident blocks, least recently used first; parked blocks last.
+
+    A read-only ``Mapping`` (``in``, ``len``, iteration in eviction order,
+    ``items()``...); the policy changes it through :attr:`order`,
+    :attr:`parked` and the methods below.
+    """
+
+    __slots__ = ("order", "parked")
+
+    def __init__(self) -> None:
+        #: blocks not known to be busy, least recently used first
+        self.order: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        #: busy blocks an eviction passed, waiting for :meth:`release`
+        self.parked: dict[BlockHash, BlockStatus] = {}
+
+    # -- Mapping ----------------------------------------------------------
+
+    def __getitem__(self, block_hash: BlockHash) -> BlockStatus:
+        b = self.order.get(block_hash)
+        return b if b is not None else self.parked[block_hash]
+
+    def get(self, block_hash: BlockHash, default: None = None) -> BlockStatus | None:  # type: ignore[override]
+        b = self.order.get(block_hash)
+        return b if b is not None or not self.parked else self.parked.get(block_hash)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self.order or block_hash in self.parked
+
+    def __len__(self) -> int:
+        return len(self.order) + len(self.parked)
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        return chain(self.order, self.parked)
+
+    def entries(self) -> list[Entry]:
+        """Every entry in eviction order (a copy)."""
+        return [*self.order.items(), *self.parked.items()]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+    # -- changes ------------------------------------------------------------
+
+    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+        b = self.order.pop(block_hash, None)
+        if b is None and self.parked:
+            b = self.parked.pop(block_hash, None)
+        return b
+
+    def release(self, block_hashes: Iterable[BlockHash]) -> None:
+        """Parked blocks among ``block_hashes`` go back, most recent."""
+        parked = self.parked
+        if parked:
+            order, pop = self.order, parked.pop
+            for h in filter(parked.__contains__, block_hashes):
+                order[h] = pop(h)
+
+    def take(self, n: int, protected: Container[BlockHash], taken: Taken) -> list[Entry]:
+        """Pop up to ``n`` evictable entries not in ``protected`` from the
+        old end and return them; what else was popped is noted in
+        ``taken``. Follow with :meth:`commit` or :meth:`rollback`."""
+        order = self.order
+        pop = order.popitem
+        contains = protected.__contains__
+        victims: list[Entry] = []
+        while (need := n - len(victims)) > 0 and order:
+            batch = list(map(pop, repeat(False, min(need, len(order)))))
+            taken.seen += batch
+            refs = list(map(_REF_CNT, map(_BLOCK, batch)))
+            if any(refs):
+                taken.busy += compress(batch, refs)
+                batch = list(compress(batch, map(not_, refs)))
+            named = list(map(contains, map(_HASH, batch)))
+            if any(named):
+                taken.skipped += compress(batch, named)
+                batch = list(compress(batch, map(not_, named)))
+            victims += batch
+        return victims
+
+    def commit(self, taken: Taken) -> None:
+        """The victims are gone: park the busy entries passed, put the
+        protected ones back at the old end."""
+        if taken.busy:
+            self.parked.update(taken.busy)
+        if taken.skipped:
+            push_front(self.order, taken.skipped)
+
+    def rollback(self, taken: Taken) -> None:
+        """Put every popped entry back where it was."""
+        if taken.seen:
+            push_front(self.order, taken.seen)
+
+
+def push_front(od: OrderedDict[BlockHash, BlockStatus], entries: list[Entry]) -> None:
+    """Put ``entries`` (oldest first) back at the oldest end of ``od``."""
+    to_front = od.move_to_end
+    for h, b in reversed(entries):
+        od[h] = b
+        to_front(h, last=False)
+
+
+__all__ = ["Entry", "RecencyList", "Taken", "push_front"]
