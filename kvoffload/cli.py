@@ -8,6 +8,7 @@ with the ``app`` extra). Usage errors print one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -87,6 +88,17 @@ def _build_parser() -> _Parser:
     replay.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout instead of a table"
     )
+    replay.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=(
+            "import MODULE first (repeatable): a module that registers your own policies "
+            "with kvoffload.policies.register_policy, so --policy can name them"
+        ),
+    )
     replay.set_defaults(handler=_cmd_replay)
 
     # The service owns its flags (built from its settings); everything after
@@ -145,6 +157,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
     from kvoffload.runtime.trace import load_mooncake_trace
 
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure of user code: one clear line
+            raise UsageError(f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
     valid = available_policies()
     policies = list(valid) if args.policy is None else _split(args.policy.lower(), "policy")
     unknown = [p for p in policies if p not in valid]

@@ -106,6 +106,10 @@ def test_cli_errors_exit_2_with_one_line() -> None:
             "unknown policy 'lfu'; valid policies: arc, lru",
         ),
         (["replay", SYNTHETIC, "--limit", "0"], "argument --limit: expected a positive integer"),
+        (
+            ["replay", SYNTHETIC, "--import", "no_such_module_xyz"],
+            "cannot import 'no_such_module_xyz': ModuleNotFoundError",
+        ),
         (["replay", SYNTHETIC, "--trace-block-size", "x"], "--trace-block-size"),
         (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
         (["replay"], "the following arguments are required: TRACE"),
