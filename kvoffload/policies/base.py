@@ -23,7 +23,8 @@ Victim = tuple[BlockHash, BlockStatus]
 class EvictionPolicy(ABC):
     """Orders resident blocks and chooses which to evict.
 
-    Contract every policy keeps (checked by ``tests/policies/test_contract.py``):
+    Contract every policy keeps (checked by ``tests/core/test_contract.py`` and
+    the state machine in ``tests/core/test_state_machine.py``):
 
     * ``get``/``__contains__``/``__len__`` see exactly the inserted, not yet
       evicted or removed blocks;
@@ -32,9 +33,10 @@ class EvictionPolicy(ABC):
       them; or it returns ``None`` and changes nothing;
     * ``evict`` costs amortised O(1) per victim even when most blocks are
       pinned or in flight: a non-evictable block the scan passes counts as
-      in use (it *is*) and leaves the scanned order (it moves to its list's
-      most recent end, or is parked until :meth:`released`), so later scans
-      do not pass it again;
+      in use (it *is*) and leaves the scanned order (it is parked until
+      :meth:`released`, or moves to its list's most recent end), so later
+      scans do not pass it again
+      (:class:`~kvoffload.policies.recency.RecencyList` does this);
     * ``evictions`` counts the victims returned, by the list they left;
     * ``ordered_items`` yields every resident block, least valuable first;
       ``seed`` accepts that order from another policy (live switch).
