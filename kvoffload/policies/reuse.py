@@ -1,124 +1,119 @@
 """Reuse-aware eviction for chained KV blocks ("reuse").
 
-Each resident block sits in one of a few *classes*, each an LRU list:
+Frequency with dynamic ageing (LFU-DA, Arlitt et al.), shaped for prefix
+lookups:
 
-* ``dead``: its parent block was evicted, so a prefix lookup cannot reach it
-  until the parent comes back; evicted first.
-* ``new<d><h>``: stored and not reused yet, by where it sat in its store call
-  (``d`` = blocks after it in the call, 0, 1, 2 or 3+; ``h`` = 1 if the
-  call's first block continued a resident prefix). The last block of a prompt
-  (``d`` = 0) is usually partial and is almost never a prefix of a later one.
-* ``hot1``, ``hot2``, ``hot3``: reused once, twice, three times or more.
-
-The policy *learns* online, per class, the probability ``p`` that a block
-entering the class is reused before it leaves it (evicted blocks are followed
-in a ghost list of ``capacity`` hashes, so evictions do not bias ``p`` down);
-counts are halved every ``capacity`` stores (ageing), so ``p`` follows a
-changing workload. A victim is the class head (its least recently used
-block) with the smallest ``p / age``, age counted in block accesses since its
-last use: an unpromising class is evicted much earlier, a promising one
-later, and within a class the order is LRU. Recency ages frequency too: a
-``hot3`` block that nobody touches loses to younger blocks.
-
-Prefix structure: hashes named in one ``touch``/``prepare_store`` call are in
-prefix order, so consecutive hashes give parent -> child links; a touch
-walks the chain in reverse (the head ends most recent, the tail goes first)
-and a store inserts the chain the same way. When a block is evicted, its
-resident children move to ``dead``. Admission is soft: a block of a class
-with a low ``p`` is stored but is among the first to go, so it costs a slot
-only until the next eviction, and a ghost hit on it promotes it to ``hot1``
-when it is stored again.
+* Every resident block has a priority ``H = L + f``: ``f`` counts its uses
+  (touches; a touch of a store still in flight is not a use), ``L`` is the
+  cache's *age*, the priority of the last victim. The victim is the lowest
+  ``H``, least recently used first among equals. A block used ``f`` times
+  outlives about ``f`` turnovers of the never-reused blocks, so frequency
+  wins over recency only as long as it is recent enough: ``L`` rises with
+  each turnover and an old count stops protecting a block that is no longer
+  used (ageing without a timer).
+* Frequency outlives residency: an evicted block's ``f`` stays in a ghost
+  list of ``GHOST_FACTOR * capacity`` hashes, touches of ghosts still count,
+  and a block stored again starts from its ghost count. A document reused at
+  a distance above the cache wins its slot back at a higher priority than
+  a block seen once (thrash resistance: the often-reused chains stay, the
+  seen-once ones cycle through the bottom of the cache).
+* Prefix structure: the hashes of one ``touch``/``insert`` call are one
+  chain in prefix order; they are filed tail first, so among equals a chain
+  loses its tail before its head (a head without its tail still serves a
+  shorter prefix; a tail without its head serves nothing).
+* Admission: the last block of a store call (a prompt's last block, often
+  partial, which a later prompt rarely repeats) is a class of its own. The
+  policy learns online, with ghosts and ageing, how often a stored block of
+  each class (*tail*, *body*) is reused; while tails are reused less than
+  half as often as bodies, a new tail enters at the bottom (``H = L``,
+  evicted first) instead of at ``L + 1``. A tail that does get reused
+  comes back with its ghost count like any block.
 
 Assumptions, and when it loses:
 
-* one ``prepare_store`` call stores the missing tail of one prompt (the
-  replay and the runtime do). If an engine stores in chunks, ``d`` no longer
-  means "distance to the prompt's end"; ``p`` per class then flattens and the
-  policy degrades towards LRU with frequency classes, it does not break.
-* reuse probability is stationary over about ``capacity`` stores. A sudden
-  shift (a class that was useless becomes hot) costs hits until the ghost
-  hits raise its ``p``.
-* ``p / age`` is a heuristic hazard. A workload whose reuses come at one
-  fixed long distance (a loop over a working set slightly above the
-  capacity) gets LRU's behaviour, not better.
-* per block it does a few more dict operations than LRU (about 0.7x-0.8x
-  its throughput in the replay), and keeps parent links and a ghost list
-  (about three small dict entries per resident block plus ``capacity``
-  ghost hashes).
+* one ``insert`` stores the missing part of one prompt, in prefix order (the
+  replay and the runtime do). Other call shapes only blur the tail class:
+  its learned rate then matches the body's and every block is admitted.
+* reuse is skewed (some chains are used much more than others, for longer
+  than a cache turnover). A workload where every block is reused about as
+  often, at one distance, gets LRU's order (all blocks share ``f``); a
+  sudden shift of the hot set costs the old set's surplus ``f`` turnovers.
+* a hot chain met once more after a long pause beats fresh blocks for up to
+  ``MAX_FREQ`` turnovers; that is the price of keeping it through a scan.
 
-Eviction is amortised O(log classes) per victim: one lazily advanced
-iterator per class and a heap of class heads; pinned blocks passed move to
-the most recent end of their class (they are in use), as the seam requires.
+Costs: ``touch`` is one dict lookup and two stores per resident hash
+(priorities are updated lazily: a block touched since it was filed is
+re-filed when an eviction reaches its old priority, once per touch at most);
+``insert`` and ``evict`` move whole chains with C-level dict operations and
+are amortised O(1) per block. Pinned or in-flight blocks an eviction passes
+are parked until :meth:`released`, so later evictions do not pass them
+again. Memory: three dict entries per resident block, plus the ghost list.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Iterator, Sequence
+from itertools import compress, filterfalse, repeat
+from operator import attrgetter, itemgetter, not_
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.base import EvictionPolicy, Victim
 
-DEAD = 0
-#: first ``new`` class; new<d><h> = NEW + 2 * d + h
-NEW = 1
-HOT1, HOT2, HOT3 = 9, 10, 11
-NUM_CLASSES = 12
-CLASS_NAMES = (
-    "dead",
-    *(f"new{d}{h}" for d in range(4) for h in range(2)),
-    "hot1",
-    "hot2",
-    "hot3",
-)
-#: class a reused block moves to
-PROMOTE = (HOT1, *([HOT1] * 8), HOT2, HOT3, HOT3)
-#: prior of each class's p: (reused, entered)
-PRIOR_REUSED = 1.0
-PRIOR_ENTERED = 4.0
-#: the dead class's p: they are worth something only if the parent returns
-DEAD_P = 1e-4
+#: a block's use count saturates here (bounds how long a formerly hot
+#: block outlives the cold ones, and the priority range an eviction walks)
+MAX_FREQ = 64
+#: evicted hashes whose use count is remembered, per block of capacity
+GHOST_FACTOR = 4
+#: classes of a stored block not used yet
+BODY, TAIL = 0, 1
+#: prior of each class's reuse rate: (reused, entered)
+PRIOR_REUSED, PRIOR_ENTERED = 1.0, 4.0
+#: tails are admitted normally while their reuse rate is at least this
+#: share of the body's
+TAIL_ADMIT_SHARE = 0.5
 
-
-def _group(c: int) -> str:
-    if c == DEAD:
-        return "dead"
-    if c < HOT1:
-        return "new"
-    return "hot"
+_HASH = itemgetter(0)
+_BLOCK = itemgetter(1)
+_REF_CNT = attrgetter("ref_cnt")
+#: runs an iterator to its end at C speed
+_drain = deque[object](maxlen=0).extend
 
 
 class ReusePolicy(EvictionPolicy):
-    """Classes by insertion position and reuse count, learned reuse
-    probabilities with ageing, dead-chain eviction (see the module doc)."""
+    """Frequency with dynamic ageing over prefix chains, ghost-remembered
+    counts and a learned admission of prompt tails (see the module doc)."""
 
     name = "reuse"
-    list_names = ("dead", "new", "hot", "ghost")
+    list_names = ("new", "reused", "parked", "ghost")
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
+        #: every resident block (parked ones too)
         self.blocks: dict[BlockHash, BlockStatus] = {}
         self.get = self.blocks.get  # type: ignore[method-assign,assignment]
-        self._queues: list[OrderedDict[BlockHash, BlockStatus]] = [
-            OrderedDict() for _ in range(NUM_CLASSES)
-        ]
-        #: hash -> [class, last use stamp]
-        self._meta: dict[BlockHash, list[int]] = {}
-        #: resident parent -> children seen stored after it
-        self._kids: dict[BlockHash, list[BlockHash]] = {}
-        #: first non-resident hash of a touched chain -> its resident parent
-        self._pending_parent: dict[BlockHash, BlockHash] = {}
-        #: evicted hash -> class it was evicted from
+        #: use count of resident blocks whose store completed
+        self._freq: dict[BlockHash, int] = {}
+        #: priority each resident block should be filed at (``age + f`` at
+        #: its last use); it differs from its bucket's when touched since
+        self._want: dict[BlockHash, int] = {}
+        #: priority -> its blocks, least recently filed first
+        self._buckets: dict[int, OrderedDict[BlockHash, BlockStatus]] = {}
+        #: no bucket below this one holds a block
+        self._lo = 0
+        #: pinned or in-flight blocks an eviction passed, until released
+        self.parked: dict[BlockHash, BlockStatus] = {}
+        #: evicted hash -> its use count
         self._ghost: OrderedDict[BlockHash, int] = OrderedDict()
-        #: hashes whose ghost was hit, -> class to store them in
-        self._revived: dict[BlockHash, int] = {}
-        self._entered = [0.0] * NUM_CLASSES
-        self._reused = [0.0] * NUM_CLASSES
-        self._stores_since_decay = 0
-        self._now = 0
+        #: never-used tails, resident or ghost (for learning their rate)
+        self._tails: set[BlockHash] = set()
+        self._age = 0
+        self._used = 0  # resident blocks used at least twice
+        self._entered = [0.0, 0.0]
+        self._reused = [0.0, 0.0]
         self.ghost_hits = {"ghost": 0}
+        self.evictions = {"new": 0, "reused": 0}
 
     def get(self, block_hash: BlockHash) -> BlockStatus | None:  # replaced per instance
         return self.blocks.get(block_hash)
@@ -126,207 +121,265 @@ class ReusePolicy(EvictionPolicy):
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
 
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+        return list(map(self.blocks.get, block_hashes))
+
+    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        return list(filterfalse(self.blocks.__contains__, block_hashes))
+
     def __len__(self) -> int:
         return len(self.blocks)
 
-    # -- learning ----------------------------------------------------------
+    # -- learning ------------------------------------------------------------
 
-    def reuse_probabilities(self) -> list[float]:
-        """Current estimate of ``p`` per class (index = class)."""
+    def reuse_rates(self) -> tuple[float, float]:
+        """Learned share of stored (body, tail) blocks used again."""
         e, r = self._entered, self._reused
-        p = [(r[c] + PRIOR_REUSED) / (e[c] + PRIOR_ENTERED) for c in range(NUM_CLASSES)]
-        p[DEAD] = DEAD_P
-        return p
+        return (
+            (r[BODY] + PRIOR_REUSED) / (e[BODY] + PRIOR_ENTERED),
+            (r[TAIL] + PRIOR_REUSED) / (e[TAIL] + PRIOR_ENTERED),
+        )
 
-    def _decay(self) -> None:
-        self._entered = [x * 0.5 for x in self._entered]
-        self._reused = [x * 0.5 for x in self._reused]
-        self._stores_since_decay = 0
+    def _admits_tails(self) -> bool:
+        body, tail = self.reuse_rates()
+        return tail >= TAIL_ADMIT_SHARE * body
 
-    # -- the seam ----------------------------------------------------------
+    def _first_reuse(self, h: BlockHash) -> None:
+        tails = self._tails
+        if h in tails:
+            tails.discard(h)
+            self._reused[TAIL] += 1
+        else:
+            self._reused[BODY] += 1
+
+    # -- filing --------------------------------------------------------------
+
+    def _bucket(self, prio: int) -> OrderedDict[BlockHash, BlockStatus]:
+        bucket = self._buckets.get(prio)
+        if bucket is None:
+            bucket = self._buckets[prio] = OrderedDict()
+            if prio < self._lo:
+                self._lo = prio
+        return bucket
+
+    # -- the seam ------------------------------------------------------------
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
         n = len(block_hashes)
         if n != len(blocks):
             raise ValueError("insert needs one block per hash")
-        if n == 0:
+        if not n:
             return
-        meta, queues, kids, entered = self._meta, self._queues, self._kids, self._entered
-        ghost_pop, revived = self._ghost.pop, self._revived
-        parent = self._pending_parent.pop(block_hashes[0], None)
-        cont = 1 if parent is not None and parent in meta else 0
-        if cont:
-            kids.setdefault(parent, []).append(block_hashes[0])  # type: ignore[arg-type]
         self.blocks.update(zip(block_hashes, blocks, strict=True))
-        now = self._now + n
-        self._now = now
-        # tail first, so the chain's head ends most recent
-        for i in range(n - 1, -1, -1):
-            h = block_hashes[i]
-            d = n - 1 - i
-            c = revived.pop(h, -1) if revived else -1
-            if c < 0:
-                c = NEW + 2 * (d if d < 3 else 3) + cont
-            ghost_pop(h, None)
-            entered[c] += 1
-            queues[c][h] = blocks[i]
-            meta[h] = [c, now - i]
-            if i:
-                p = block_hashes[i - 1]
-                k = kids.get(p)
-                if k is None:
-                    kids[p] = [h]
+        ghost = self._ghost
+        revived = list(filter(ghost.__contains__, block_hashes)) if ghost else []
+        age = self._age
+        want = self._want
+        if not revived:
+            # the usual store: one chain of new blocks, tail first
+            tail = block_hashes[-1]
+            tail_prio = age + 1 if self._admits_tails() else age
+            self._bucket(tail_prio)[tail] = blocks[-1]
+            want[tail] = tail_prio
+            self._tails.add(tail)
+            if n > 1:
+                body = block_hashes[-2::-1]
+                self._bucket(age + 1).update(zip(body, blocks[-2::-1], strict=True))
+                want.update(zip(body, repeat(age + 1)))
+            self._entered[TAIL] += 1
+            self._entered[BODY] += n - 1
+        else:
+            freq, tails = self._freq, self._tails
+            admit_tails = self._admits_tails()
+            for i in range(n - 1, -1, -1):
+                h = block_hashes[i]
+                f = ghost.pop(h, None)
+                if f is None:
+                    is_tail = i == n - 1
+                    self._entered[is_tail] += 1
+                    prio = age if is_tail and not admit_tails else age + 1
+                    if is_tail:
+                        tails.add(h)
                 else:
-                    k.append(h)
-        self._stores_since_decay += n
-        if self._stores_since_decay >= self.capacity:
-            self._decay()
+                    freq[h] = f  # a count to start from when released
+                    self._used += f > 1
+                    prio = age + f
+                self._bucket(prio)[h] = blocks[i]
+                want[h] = prio
+        entered = self._entered
+        if entered[BODY] + entered[TAIL] > self.capacity:
+            for lst in (entered, self._reused):
+                lst[BODY] *= 0.5
+                lst[TAIL] *= 0.5
 
     def remove(self, block_hash: BlockHash) -> BlockStatus | None:
         b = self.blocks.pop(block_hash, None)
         if b is None:
             return None
-        m = self._meta.pop(block_hash)
-        del self._queues[m[0]][block_hash]
-        self._kids.pop(block_hash, None)
+        prio = self._want.pop(block_hash)
+        if self.parked.pop(block_hash, None) is None:
+            for p in (prio, *self._buckets):  # filed at its wanted priority, usually
+                bucket = self._buckets.get(p)
+                if bucket is not None and bucket.pop(block_hash, None) is not None:
+                    if not bucket:
+                        del self._buckets[p]
+                    break
+        self._used -= self._freq.pop(block_hash, 1) > 1
+        self._tails.discard(block_hash)
         return b
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        meta, queues, ghost = self._meta, self._queues, self._ghost
-        entered, reused = self._entered, self._reused
-        now = self._now + len(block_hashes)
-        self._now = now
-        stamp = now
-        nxt: BlockHash | None = None
-        nxt_resident = True
+        freq_get, freq, want = self._freq.get, self._freq, self._want
+        ghost = self._ghost
+        age = self._age
         for h in reversed(block_hashes):
-            m = meta.get(h)
-            if m is not None:
-                if not nxt_resident:
-                    self._pending_parent[nxt] = h  # type: ignore[index]
-                nxt_resident = True
-                c = m[0]
-                q = queues[c]
-                b = q[h]
-                if b.ref_cnt < 0:
-                    # store in flight: the engine touches right after
-                    # prepare_store, which is not a reuse
-                    q.move_to_end(h)
-                else:
-                    if c != DEAD:
-                        reused[c] += 1
-                    c2 = PROMOTE[c]
-                    entered[c2] += 1
-                    del q[h]
-                    queues[c2][h] = b
-                    m[0] = c2
-                m[1] = stamp
-            else:
-                nxt_resident = False
-                g = ghost.pop(h, None)
-                if g is not None:
-                    reused[g] += 1
-                    self._revived[h] = PROMOTE[g]
-                    self.ghost_hits["ghost"] += 1
-            nxt = h
-            stamp -= 1
-        if len(self._pending_parent) > self.capacity:
-            self._pending_parent.clear()
-        if len(self._revived) > self.capacity:
-            self._revived.clear()
+            f = freq_get(h)
+            if f is None:  # not resident, or its store is still in flight
+                if ghost:
+                    g = ghost.get(h)
+                    if g is not None:
+                        self.ghost_hits["ghost"] += 1
+                        if g == 1:
+                            self._first_reuse(h)
+                        if g < MAX_FREQ:
+                            ghost[h] = g + 1
+                continue
+            if f < MAX_FREQ:
+                if f == 1:
+                    self._first_reuse(h)
+                    self._used += 1
+                f += 1
+                freq[h] = f
+            want[h] = age + f
 
     def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
         if n <= 0:
             return []
-        p = self.reuse_probabilities()
-        now = self._now + 1
-        meta = self._meta
-        queues = self._queues
-        iters: list[Iterator[tuple[BlockHash, BlockStatus]] | None] = [None] * NUM_CLASSES
-        passed: list[BlockHash] = []
-        heap: list[tuple[float, int, BlockHash, BlockStatus]] = []
-
-        def head(c: int) -> None:
-            it = iters[c]
-            assert it is not None
-            for h, b in it:
-                if b.ref_cnt == 0:
-                    if h in protected:
-                        continue
-                    heapq.heappush(heap, (p[c] / (now - meta[h][1]), c, h, b))
-                    return
-                passed.append(h)
-
-        for c in range(NUM_CLASSES):
-            if queues[c]:
-                iters[c] = iter(queues[c].items())
-                head(c)
+        if n > len(self.blocks) - len(self.parked):
+            return None
+        buckets, want, parked = self._buckets, self._want, self.parked
         victims: list[Victim] = []
-        while len(victims) < n:
-            if not heap:
-                return None
-            _, c, h, b = heapq.heappop(heap)
-            victims.append((h, b, _group(c)))
-            head(c)
-        # mutation, after the selection succeeded
-        blocks, ghost, kids = self.blocks, self._ghost, self._kids
-        dead = queues[DEAD]
-        for h, _, _ in victims:
-            m = meta.pop(h)
-            c = m[0]
-            b = queues[c].pop(h)
-            del blocks[h]
-            ghost[h] = c
-            for k in kids.pop(h, ()):
-                mk = meta.get(k)
-                if mk is not None and mk[0] != DEAD:
-                    bk = queues[mk[0]].pop(k)
-                    dead[k] = bk
-                    mk[0] = DEAD
-        for h in passed:
-            entry = meta.get(h)
-            if entry is not None:
-                queues[entry[0]].move_to_end(h)
-                m[1] = now
-        self._now = now
-        for _ in range(len(ghost) - self.capacity):
-            ghost.popitem(last=False)
+        skipped: list[tuple[int, BlockHash, BlockStatus]] = []  # protected
+        taken: list[tuple[int, list[Victim]]] = []  # what may have to go back
+        prio = self._lo
+        top = max(buckets, default=prio - 1)
+        last = self._age
+        contains = protected.__contains__
+        while (need := n - len(victims)) and prio <= top:
+            bucket = buckets.get(prio)
+            if bucket is None:
+                prio += 1
+                continue
+            batch = list(map(bucket.popitem, repeat(False, min(need, len(bucket)))))
+            wanted = list(map(want.__getitem__, map(_HASH, batch)))
+            if wanted.count(prio) != len(batch):
+                # touched since filed here: re-filed where they belong now
+                stale = list(map(prio.__ne__, wanted))
+                for (h, b), w in zip(compress(batch, stale), compress(wanted, stale), strict=True):
+                    self._bucket(w)[h] = b
+                    if w > top:
+                        top = w
+                batch = list(compress(batch, map(not_, stale)))
+            refs = list(map(_REF_CNT, map(_BLOCK, batch)))
+            if any(refs):  # in use: out of the order until released
+                parked.update(compress(batch, refs))
+                batch = list(compress(batch, map(not_, refs)))
+            taken.append((prio, batch))
+            named = list(map(contains, map(_HASH, batch)))
+            if any(named):
+                skipped += ((prio, h, b) for h, b in compress(batch, named))
+                batch = list(compress(batch, map(not_, named)))
+            if batch:
+                victims += batch
+                last = prio
+            if not bucket:
+                del buckets[prio]
+                prio += 1
+        ok = len(victims) == n
+        if not ok:  # put back what was taken, where it was, in order
+            for p, batch in reversed(taken):
+                for h, b in reversed(batch):
+                    self._put_front(p, h, b)
+            self._lo = min(buckets, default=prio)
+            return None
+        for p, h, b in reversed(skipped):
+            self._put_front(p, h, b)
+        self._lo = min(prio, skipped[0][0]) if skipped else prio
+        self._age = last
+        hashes = list(map(_HASH, victims))
+        _drain(map(self.blocks.__delitem__, hashes))
+        _drain(map(want.__delitem__, hashes))
+        counts = list(map(self._freq.pop, hashes, repeat(1)))
+        ghost = self._ghost
+        ghost.update(zip(hashes, counts, strict=True))
+        new = counts.count(1)
+        self._used -= n - new
+        self.evictions["reused"] += n - new
+        self.evictions["new"] += new
+        extra = len(ghost) - GHOST_FACTOR * self.capacity
+        if extra > 0:
+            gone = map(_HASH, map(ghost.popitem, repeat(False, extra)))
+            self._tails.difference_update(gone)
         return victims
 
+    def _put_front(self, prio: int, h: BlockHash, b: BlockStatus) -> None:
+        bucket = self._bucket(prio)
+        bucket[h] = b
+        bucket.move_to_end(h, last=False)
+
+    def released(self, block_hashes: Sequence[BlockHash]) -> None:
+        freq = self._freq
+        # stores that completed start counting their uses from one
+        freq.update(zip(filterfalse(freq.__contains__, block_hashes), repeat(1)))
+        parked = self.parked
+        if not parked:
+            return
+        want, age = self._want, self._age
+        for h in filter(parked.__contains__, block_hashes):
+            # it was in use until now: filed as used now, at today's age
+            w = want[h] = age + freq[h]
+            self._bucket(w)[h] = parked.pop(h)
+
     def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
-        p = self.reuse_probabilities()
-        now = self._now + 1
-        meta = self._meta
-        order = sorted(
-            self.blocks.items(),
-            key=lambda hb: p[meta[hb[0]][0]] / (now - meta[hb[0]][1]),
-        )
-        return iter(order)
+        want = self._want
+        order: list[tuple[int, int, BlockHash, BlockStatus]] = []
+        for prio in sorted(self._buckets):
+            for h, b in self._buckets[prio].items():
+                order.append((want[h], len(order), h, b))
+        order.sort(key=itemgetter(0, 1))
+        items = [(h, b) for _, _, h, b in order]
+        items += self.parked.items()  # in use: the most recent
+        return iter(items)
 
     def seed(self, items: Iterable[tuple[BlockHash, BlockStatus]]) -> None:
         # Another policy's order (first evicted first) becomes recency order
-        # in one neutral class; reuse statistics start from the prior.
-        q = self._queues[NEW + 2 * 3 + 1]
-        meta = self._meta
+        # among blocks used once; learned rates start from the prior.
+        prio = self._age + 1
+        bucket = self._bucket(prio)
         for h, b in items:
-            self._now += 1
             self.blocks[h] = b
-            q[h] = b
-            meta[h] = [NEW + 2 * 3 + 1, self._now]
+            bucket[h] = b
+            self._want[h] = prio
+            if b.ref_cnt >= 0:
+                self._freq[h] = 1
 
     def list_sizes(self) -> dict[str, int]:
-        q = self._queues
         return {
-            "dead": len(q[DEAD]),
-            "new": sum(len(q[c]) for c in range(NEW, HOT1)),
-            "hot": sum(len(q[c]) for c in range(HOT1, NUM_CLASSES)),
+            "new": len(self.blocks) - self._used,
+            "reused": self._used,
+            "parked": len(self.parked),
             "ghost": len(self._ghost),
         }
 
     def params(self) -> dict[str, float]:
-        p = self.reuse_probabilities()
-        return {f"p_{CLASS_NAMES[c]}": p[c] for c in range(1, NUM_CLASSES)}
+        body, tail = self.reuse_rates()
+        return {
+            "age": float(self._age),
+            "reuse_rate_body": body,
+            "reuse_rate_tail": tail,
+            "tail_admitted": 1.0 if tail >= TAIL_ADMIT_SHARE * body else 0.0,
+        }
 
     def clear_ghosts(self) -> None:
         self._ghost.clear()
-        self._revived.clear()
+        self._tails.intersection_update(self.blocks)
