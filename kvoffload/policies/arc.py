@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Iterator, Sequence
 from itertools import repeat
+from operator import itemgetter
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import BlockStatus
 from kvoffload.policies.base import EvictionPolicy, Victim
 from kvoffload.policies.recency import RecencyList, Taken
+
+_HASH = itemgetter(0)
 
 
 class ARCPolicy(EvictionPolicy):
@@ -147,7 +150,7 @@ class ARCPolicy(EvictionPolicy):
         cap = self.capacity
         for ghosts, victims, name in ((self.b1, v1, "t1"), (self.b2, v2, "t2")):
             if victims:
-                ghosts.update(dict.fromkeys(h for h, _ in victims))
+                ghosts.update(dict.fromkeys(map(_HASH, victims)))
                 if len(ghosts) > cap:
                     deque(map(ghosts.popitem, repeat(False, len(ghosts) - cap)), 0)
                 self.evictions[name] += len(victims)
