@@ -16,6 +16,10 @@ and prints, per trace and capacity (1/5/10/25% of the trace's unique blocks):
 * a pinned-heavy case: the first half of the trace warms the cache, half of
   the resident blocks are then pinned by loads that stay in flight, and the
   second half is replayed; ops/s relative to the same replay without pins;
+* a pinned-idle case: the whole trace in a cache of ``c`` blocks, and in
+  one of ``2c`` whose other half is pinned by blocks the trace never asks
+  for; both see the same hits and stores (checked for LRU), so the ratio is
+  what skipping pinned blocks costs, with no change of workload mix;
 * the manager's own memory per resident block with 500,000 blocks resident
   (tracemalloc; the hash keys are created before tracing starts), and for
   ARC also with both ghost lists full.
@@ -26,8 +30,9 @@ the manager's cost), collected before every run. In the pinned-heavy table
 ``st/op`` is stored blocks per block op: pins lower the hit ratio, so more of
 the ops are stores, which cost more than lookups.
 
-Targets (issue 2): LRU and ARC >= 0.8x the bare loop; pinned-heavy no slower
-per op than plain; <= 150 bytes per resident block (vLLM's managers: ~227).
+Targets (issue 2): LRU and ARC >= 0.8x the bare loop; pinned-heavy (and
+pinned-idle) no slower per op than plain; <= 150 bytes per resident block
+(vLLM's managers: ~227).
 
     .venv/bin/python bench/managers.py [--quick]
 """
@@ -250,6 +255,41 @@ def pinned_heavy(name: str, requests: list[Request], unique: int, repeats: int) 
     return rows
 
 
+def pinned_idle(name: str, requests: list[Request], unique: int, repeats: int) -> list[str]:
+    """The cost of pinned blocks alone: the same replay in a cache of ``c``
+    blocks, and in a cache of ``2c`` whose other half is pinned by blocks the
+    trace never asks for. Both see the same hits, stores and evictions, so
+    the ratio isolates what skipping pinned blocks costs."""
+    rows = []
+    for pct in PERCENTS:
+        capacity = max(1, unique * pct // 100)
+        idle = [BlockHash(b"idle" + i.to_bytes(8, "little")) for i in range(capacity)]
+        for p in available_policies():
+            best: dict[bool, Run] = {}
+            for _ in range(repeats):
+                for pinned in (False, True):
+                    m = new_manager(p, 2 * capacity if pinned else capacity)
+                    if pinned:
+                        _fill(m, idle)
+                        m.prepare_load(idle)  # pinned for the whole replay
+                    run = _timed(replay_manager, m, requests)
+                    if pinned not in best or run.seconds < best[pinned].seconds:
+                        best[pinned] = run
+            plain, pin = best[False], best[True]
+            if p == "lru":  # pins change nothing else; ARC's bounds scale with the capacity
+                assert (plain.hit_blocks, plain.stored_blocks) == (
+                    pin.hit_blocks,
+                    pin.stored_blocks,
+                ), f"pinned idle blocks changed LRU's hits on {name} at {pct}%"
+            rows.append(
+                f"{name:<13}{pct:>4}%{capacity:>8} {p:<7}{capacity:>8}"
+                f"{fmt_ops(plain.ops_per_s):>9}{fmt_ops(pin.ops_per_s):>9}"
+                f"{pin.ops_per_s / plain.ops_per_s:>7.2f}"
+                f"{plain.hit_ratio:>8.3f}{pin.hit_ratio:>8.3f}"
+            )
+    return rows
+
+
 def _fill(m: PolicyOffloadingManager, keys: Sequence[BlockHash], chunk: int = 1000) -> None:
     for i in range(0, len(keys), chunk):
         out = m.prepare_store(keys[i : i + chunk])
@@ -329,6 +369,15 @@ def main() -> int:
     )
     for name, requests, unique in loaded:
         for row in pinned_heavy(name, requests, unique, repeats):
+            print(row, flush=True)
+
+    print("\n== pinned-idle: as many blocks again, pinned, that the trace never uses")
+    print(
+        f"{'trace':<13}{'cap':>5}{'blocks':>8} {'policy':<7}{'pinned':>8}{'plain':>9}"
+        f"{'pinned':>9}{'ratio':>7}{'hit':>8}{'hit pin':>8}"
+    )
+    for name, requests, unique in loaded:
+        for row in pinned_idle(name, requests, unique, repeats):
             print(row, flush=True)
 
     resident = 50_000 if args.quick else 500_000

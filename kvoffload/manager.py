@@ -278,7 +278,7 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def _stores_done(self, stored: list[BlockHash]) -> None:
         if stored:
-            self._policy.released(stored)
+            self._policy.stored(stored)
             if self.event_log is not None:
                 self.event_log.append("stored", stored, self._block_size, self._medium)
 

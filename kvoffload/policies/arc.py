@@ -156,6 +156,9 @@ class ARCPolicy(EvictionPolicy):
                 self.evictions[name] += len(victims)
         return v1 + v2 if v2 else v1
 
+    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
+        return  # blocks in flight are never parked (RecencyList moves them)
+
     def released(self, block_hashes: Sequence[BlockHash]) -> None:
         self.t1.release(block_hashes)
         self.t2.release(block_hashes)

@@ -103,10 +103,18 @@ class EvictionPolicy(ABC):
     def list_sizes(self) -> dict[str, int]:
         """Size of each list named in :attr:`list_names`."""
 
+    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
+        """The manager's notice that these blocks' stores completed: they
+        are evictable now. The default hands them to :meth:`released`; a
+        policy that never sets in-flight blocks aside overrides it with a
+        no-op, which keeps it off the path of every store."""
+        self.released(block_hashes)
+
     def released(self, block_hashes: Sequence[BlockHash]) -> None:
         """The manager's notice that these resident blocks just became
-        evictable (their store completed, or their last load did). A policy
-        that remembers "nothing evictable here" to skip scans forgets it."""
+        evictable: their last load completed (and, through :meth:`stored`,
+        their store did). A policy that set busy blocks aside takes them
+        back."""
         return
 
     def params(self) -> dict[str, float]:

@@ -85,10 +85,13 @@ class LRUPolicy(EvictionPolicy):
             lst.rollback(taken)
             return None
         lst.commit(taken)
-        if taken.busy:
+        if taken.pinned:
             self._fast_get()
         self.evictions["lru"] += n
         return victims
+
+    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
+        return  # blocks in flight are never parked (RecencyList moves them)
 
     def released(self, block_hashes: Sequence[BlockHash]) -> None:
         if self.blocks.parked:

@@ -1,14 +1,16 @@
-"""A recency-ordered list of resident blocks that parks busy blocks.
+"""A recency-ordered list of resident blocks that parks pinned blocks.
 
 The building block of the LRU and ARC policies. Blocks are kept in an
 ``OrderedDict``, least recently used first. An eviction pops entries from
 the old end in batches and sorts them with C-level filters (no Python step
-per block in the usual case where they are all evictable). A pinned or
-in-flight block it meets is *parked* in a side table: it is in use, it stays
+per block in the usual case where they are all evictable). A block pinned
+by loads that it meets is *parked* in a side table: it is in use, it stays
 resident and visible (as the most recent entries), and it comes back to the
-recent end when the manager releases it. So no later eviction passes it
-again: eviction is O(1) amortised per victim however many blocks are busy
-(vLLM rescans them every time, defect 10).
+recent end when its last load completes (:meth:`RecencyList.release`). A
+block whose store is still in flight moves to the recent end (a store
+completes soon; its completion need not be watched). Either way no later
+eviction passes it again soon: eviction is O(1) amortised per victim
+however many blocks are busy (vLLM rescans them every time, defect 10).
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ Entry = tuple[BlockHash, BlockStatus]
 _HASH = itemgetter(0)
 _BLOCK = itemgetter(1)
 _REF_CNT = attrgetter("ref_cnt")
+_POSITIVE = (0).__lt__  # 0 < ref_cnt: pinned by loads
+_NEGATIVE = (0).__gt__  # 0 > ref_cnt: store in flight
 
 
 class Taken:
     """What one eviction has popped from one :class:`RecencyList` so far,
     kept until it commits or rolls back."""
 
-    __slots__ = ("busy", "seen", "skipped")
+    __slots__ = ("in_flight", "pinned", "seen", "skipped")
 
     def __init__(self) -> None:
         self.seen: list[Entry] = []  # every entry popped, in order
-        self.busy: list[Entry] = []  # pinned or in flight: to park
+        self.pinned: list[Entry] = []  # to park
+        self.in_flight: list[Entry] = []  # to the recent end
         self.skipped: list[Entry] = []  # protected: back to the old end
 
 
@@ -112,7 +117,8 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
             taken.seen += batch
             refs = list(map(_REF_CNT, map(_BLOCK, batch)))
             if any(refs):
-                taken.busy += compress(batch, refs)
+                taken.pinned += compress(batch, map(_POSITIVE, refs))
+                taken.in_flight += compress(batch, map(_NEGATIVE, refs))
                 batch = list(compress(batch, map(not_, refs)))
             named = list(map(contains, map(_HASH, batch)))
             if any(named):
@@ -122,10 +128,13 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
         return victims
 
     def commit(self, taken: Taken) -> None:
-        """The victims are gone: park the busy entries passed, put the
-        protected ones back at the old end."""
-        if taken.busy:
-            self.parked.update(taken.busy)
+        """The victims are gone: park the pinned entries passed, move the
+        in-flight ones to the recent end, put the protected ones back at the
+        old end."""
+        if taken.pinned:
+            self.parked.update(taken.pinned)
+        if taken.in_flight:
+            self.order.update(taken.in_flight)
         if taken.skipped:
             push_front(self.order, taken.skipped)
 

@@ -1,5 +1,6 @@
 """Batched eviction (``RecencyList.take``) picks exactly what a
-block-by-block scan picks, parks the busy blocks it passes, and a failed
+block-by-block scan picks, parks the pinned blocks it passes (in-flight ones
+move to the recent end), and a failed
 eviction changes nothing; on random states, for LRU and ARC."""
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def _pick(state: State, n: int, protected: set[bytes]) -> list[bytes]:
 
 
 def _after(state: State, victims: list[bytes], exhausted: bool = False) -> State:
-    """The list after evicting ``victims``: the busy entries the scan passed
-    (older than the last victim, or all of them if the scan reached the
-    end) are parked, so they come last; the rest keep their order."""
+    """The list after evicting ``victims``. The busy entries the scan passed
+    (older than the last victim, or all of them if the scan reached the end)
+    leave their place: in-flight ones to the recent end of the order, pinned
+    ones to the parked table (listed last); the rest keep their order."""
     scanned = state if exhausted else state[: state.index((victims[-1], 0))] if victims else []
-    passed = [e for e in scanned if e[1] != 0]
-    return [e for e in state if e[0] not in victims and e not in passed] + passed
+    in_flight = [e for e in scanned if e[1] < 0]
+    pinned = [e for e in scanned if e[1] > 0]
+    moved = in_flight + pinned
+    return [e for e in state if e[0] not in victims and e not in moved] + moved
 
 
 def _protected(data: st.DataObject, hashes: list[bytes]) -> set[bytes]:
