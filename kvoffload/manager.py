@@ -7,6 +7,14 @@ all-or-nothing eviction, events, counters); an
 victims. :class:`LRUOffloadingManager` and :class:`ARCOffloadingManager` are
 the vLLM 0.11.2 names for it with a fixed starting policy.
 
+Per resident block the policy keeps only the backend's *handle* (for
+:class:`~kvoffload.backends.cpu.CPUBackend`, the ``int`` block id); the
+manager keeps reference counts for the busy blocks alone (``-1`` while a
+store is in flight, ``> 0`` while loads read the block), so an idle block
+costs one table entry and its id (~123 bytes; vLLM's ``BlockStatus`` object
+per block: ~227). :meth:`PolicyOffloadingManager.get_block` answers a
+:class:`~kvoffload.backend.BlockStatus` snapshot with vLLM's ``ref_cnt``.
+
 Threading: one thread owns a manager and calls its protocol methods. Other
 threads may call :meth:`PolicyOffloadingManager.stats` snapshots published
 by that thread, and read or drain :attr:`PolicyOffloadingManager.event_log`;
@@ -16,6 +24,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
@@ -39,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 _HASH = itemgetter(0)
-_BLOCK = itemgetter(1)
+_HANDLE = itemgetter(1)
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
@@ -99,9 +108,13 @@ class PolicyOffloadingManager(OffloadingManager):
         self._retired_ghost_hits: dict[str, int] = {}
         self._retired_evictions: dict[str, int] = {}
         self._policy_switches = 0
+        # Reference counts of the busy blocks only (-1: store in flight,
+        # > 0: pinned by loads); the policy reads it to skip them. A
+        # resident block that is not here is ready and evictable.
+        self._refs: dict[BlockHash, int] = {}
         self._pinned = 0
-        # blocks whose store is in flight (ref_cnt -1), by hash
-        self._stores: dict[BlockHash, BlockStatus] = {}
+        self._in_flight = 0
+        self._policy.busy = self._refs
 
     # -- introspection ----------------------------------------------------
 
@@ -122,20 +135,32 @@ class PolicyOffloadingManager(OffloadingManager):
         return block_hash in self._policy
 
     def get_block(self, block_hash: BlockHash) -> BlockStatus | None:
-        """The block with this hash, or ``None`` (read-only use)."""
-        return self._policy.get(block_hash)
+        """The status of the block with this hash (a snapshot: its
+        ``ref_cnt`` as of now), or ``None``."""
+        handle = self._policy.get(block_hash)
+        if handle is None:
+            return None
+        return self.backend.block_status(handle, self._refs.get(block_hash, 0))
 
     # -- the protocol -----------------------------------------------------
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         hashes = _as_list(block_hashes)
-        get = self._policy.get
+        get = self._policy.get_idle
         hit = 0
-        for h in hashes:
-            b = get(h)
-            if b is None or b.ref_cnt < 0:
-                break
-            hit += 1
+        if self._refs:
+            # a busy block is resident: ready if pinned, not if in flight
+            refs = self._refs.get
+            for h in hashes:
+                r = refs(h, 0)
+                if r < 0 or (not r and get(h) is None):
+                    break
+                hit += 1
+        else:
+            for h in hashes:
+                if get(h) is None:
+                    break
+                hit += 1
         self._lookups += 1
         self._lookup_blocks += len(hashes)
         self._hit_blocks += hit
@@ -148,27 +173,24 @@ class PolicyOffloadingManager(OffloadingManager):
         offloaded or its store is still in flight (check with :meth:`lookup`).
         """
         hashes = _as_list(block_hashes)
-        get = self._policy.get
-        blocks: list[BlockStatus] = []
-        for h in hashes:
-            b = get(h)
-            if b is None:
+        handles = self._policy.get_many(hashes)
+        refs = self._refs
+        for h, handle in zip(hashes, handles, strict=True):
+            if handle is None:
                 raise BlockStateError(
                     f"cannot load block {h!r}: it is not offloaded (lookup() says how many are)"
                 )
-            if b.ref_cnt < 0:
+            if refs.get(h, 0) < 0:
                 raise BlockStateError(
                     f"cannot load block {h!r}: its store is still in flight (not ready)"
                 )
-            blocks.append(b)
-        newly_pinned = 0
-        for b in blocks:
-            if b.ref_cnt == 0:
-                newly_pinned += 1
-            b.ref_cnt += 1
-        self._pinned += newly_pinned
-        self._load_blocks += len(blocks)
-        return self.backend.get_load_store_spec(hashes, blocks)
+        for h in hashes:
+            n = refs.get(h, 0)
+            if not n:
+                self._pinned += 1
+            refs[h] = n + 1
+        self._load_blocks += len(hashes)
+        return self.backend.get_handles_spec(hashes, handles)
 
     def touch(self, block_hashes: Iterable[BlockHash]) -> None:
         hashes = _as_list(block_hashes)
@@ -180,24 +202,22 @@ class PolicyOffloadingManager(OffloadingManager):
         :class:`BlockStateError`, changing nothing, for a block that is not
         being loaded."""
         hashes = _as_list(block_hashes)
-        get = self._policy.get
-        done: list[BlockStatus] = []
+        refs = self._refs
+        # a hash listed k times needs k pins
+        for h, k in Counter(hashes).items():
+            if refs.get(h, 0) < k:
+                state = "not offloaded" if h not in self._policy else "not being loaded"
+                raise BlockStateError(f"cannot complete load of block {h!r}: it is {state}")
         unpinned: list[BlockHash] = []
         for h in hashes:
-            b = get(h)
-            if b is None or b.ref_cnt <= 0:
-                for d in done:  # undo: all or nothing
-                    d.ref_cnt += 1
-                state = "not offloaded" if b is None else "not being loaded"
-                raise BlockStateError(f"cannot complete load of block {h!r}: it is {state}")
-            b.ref_cnt -= 1
-            # count the transition, not the end state: a hash listed twice
-            # reaches 0 once
-            if b.ref_cnt == 0:
+            n = refs[h] - 1
+            if n:
+                refs[h] = n
+            else:
+                del refs[h]
                 unpinned.append(h)
-            done.append(b)
         self._pinned -= len(unpinned)
-        self._load_completed_blocks += len(done)
+        self._load_completed_blocks += len(hashes)
         if unpinned:
             self._policy.released(unpinned)
 
@@ -215,25 +235,26 @@ class PolicyOffloadingManager(OffloadingManager):
         if n_evict > 0:
             # More than the unpinned ready blocks: no room, known without a
             # scan (a cache full of loads and stores in flight stays O(1)).
-            evictable = len(policy) - self._pinned - len(self._stores)
+            evictable = len(policy) - self._pinned - self._in_flight
             victims = policy.evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
                 return None
-            backend.free_blocks(map(_BLOCK, victims))
+            backend.free_handles(map(_HANDLE, victims))
             evicted = list(map(_HASH, victims))
             if self.event_log is not None:
                 self.event_log.append("removed", evicted, self._block_size, self._medium)
-        blocks = backend.allocate_blocks(to_store)
-        policy.insert(to_store, blocks)
-        self._stores.update(zip(to_store, blocks, strict=True))
+        handles = backend.allocate_handles(to_store)
+        policy.insert(to_store, handles)
+        self._refs.update(dict.fromkeys(to_store, -1))
         n = len(to_store)
+        self._in_flight += n
         self._store_prepared += n
         self._skipped_present += len(named) - n
         return PrepareStoreOutput(
             block_hashes_to_store=to_store,
-            store_spec=backend.get_load_store_spec(to_store, blocks),
+            store_spec=backend.get_handles_spec(to_store, handles),
             block_hashes_evicted=evicted,
         )
 
@@ -243,38 +264,34 @@ class PolicyOffloadingManager(OffloadingManager):
         both cases. Raises :class:`BlockStateError`, changing nothing, for a
         hash that was never prepared (or already failed)."""
         hashes = _as_list(block_hashes)
-        stores = self._stores
-        # The usual call completes stores in flight, each named once: one
-        # C-level pass takes them off the in-flight table.
-        done = list(map(stores.pop, hashes, repeat(None)))
-        if None not in done and success:
-            for b in done:
-                b.ref_cnt = 0  # type: ignore[union-attr]
-            self._stored += len(hashes)
-            self._stores_done(hashes)
-            return
-        stores.update((h, b) for h, b in zip(hashes, done, strict=True) if b is not None)
-        policy = self._policy
-        blocks = policy.get_many(hashes)
-        if None in blocks:
-            missing = hashes[blocks.index(None)]
-            raise BlockStateError(
-                f"cannot complete store of block {missing!r}: it was not prepared "
-                "(or its store already failed)"
-            )
+        refs = self._refs
         if success:
-            stored = [h for h in dict.fromkeys(hashes) if h in stores]
-            for h in stored:
-                stores.pop(h).ref_cnt = 0
-            self._stored += len(stored)
-            self._stores_done(stored)
+            # The usual call completes stores in flight, each named once:
+            # one C-level pass takes them off the busy table.
+            done = list(map(refs.pop, hashes, repeat(0)))
+            if done.count(-1) == len(done):
+                self._in_flight -= len(hashes)
+                self._stored += len(hashes)
+                self._stores_done(hashes)
+                return
+            refs.update((h, r) for h, r in zip(hashes, done, strict=True) if r)
+        policy = self._policy
+        for h in hashes:
+            if h not in policy:
+                raise BlockStateError(
+                    f"cannot complete store of block {h!r}: it was not prepared "
+                    "(or its store already failed)"
+                )
+        in_flight = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
+        for h in in_flight:
+            del refs[h]
+        self._in_flight -= len(in_flight)
+        if success:
+            self._stored += len(in_flight)
+            self._stores_done(in_flight)
         else:
-            failed = [h for h in dict.fromkeys(hashes) if h in stores]
-            free = self.backend.free
-            for h in failed:
-                policy.remove(h)
-                free(stores.pop(h))
-            self._failed += len(failed)
+            self.backend.free_handles([policy.remove(h) for h in in_flight])
+            self._failed += len(in_flight)
 
     def _stores_done(self, stored: list[BlockHash]) -> None:
         if stored:
@@ -306,6 +323,7 @@ class PolicyOffloadingManager(OffloadingManager):
         for an unknown name, changing nothing.
         """
         new = create_policy(policy, self.capacity)
+        new.busy = self._refs
         old = self._policy
         new.seed(old.ordered_items())
         assert len(new) == len(old), "policy migration lost blocks"
@@ -323,12 +341,12 @@ class PolicyOffloadingManager(OffloadingManager):
         history. Pinned blocks and stores in flight are kept. Returns the
         evicted hashes (one ``removed`` event plus a ``cleared`` record)."""
         policy = self._policy
-        evictable = sum(1 for _, b in policy.ordered_items() if b.ref_cnt == 0)
+        evictable = len(policy) - self._pinned - self._in_flight
         evicted: list[BlockHash] = []
         if evictable:
             victims = policy.evict(evictable, ())
             assert victims is not None
-            self.backend.free_blocks(map(_BLOCK, victims))
+            self.backend.free_handles(map(_HANDLE, victims))
             evicted = list(map(_HASH, victims))
         policy.clear_ghosts()
         if self.event_log is not None:
@@ -373,7 +391,7 @@ class PolicyOffloadingManager(OffloadingManager):
             used=used,
             free=self.backend.get_num_free_blocks(),
             pinned=self._pinned,
-            in_flight=len(self._stores),
+            in_flight=self._in_flight,
             lists=MappingProxyType(policy.list_sizes()),
             params=MappingProxyType(policy.params()),
             counters=counters,
@@ -403,8 +421,14 @@ class ARCOffloadingManager(PolicyOffloadingManager):
             )
         return p
 
-    t1 = property(lambda self: self._arc().t1, doc="T1: blocks used once, LRU first.")
-    t2 = property(lambda self: self._arc().t2, doc="T2: blocks used twice or more, LRU first.")
+    t1 = property(
+        lambda self: self._arc().t1,
+        doc="T1: blocks used once, LRU first (hash -> handle, the block id on a CPUBackend).",
+    )
+    t2 = property(
+        lambda self: self._arc().t2,
+        doc="T2: blocks used twice or more, LRU first (hash -> handle).",
+    )
     b1 = property(lambda self: self._arc().b1, doc="B1: ghosts of blocks evicted from T1.")
     b2 = property(lambda self: self._arc().b2, doc="B2: ghosts of blocks evicted from T2.")
 

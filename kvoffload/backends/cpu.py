@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Backend, BlockStatus
@@ -30,11 +30,9 @@ class CPUBackend(Backend):
     are then reused last-in-first-out (exactly as vLLM 0.11.2 does, so block
     ids match between the two).
 
-    There is one :class:`CPUBlockStatus` per block id, made on the id's first
-    allocation and handed out again (reset to in flight) each time the id is
-    reused: allocation on a full cache is a list slice, not an object per
-    block. A status object therefore describes a block only while that
-    block is resident; do not keep one past the block's eviction.
+    A manager's handle for a CPU block is its ``int`` block id: no object
+    per block beyond the id itself (``allocate_blocks`` still answers
+    :class:`CPUBlockStatus` objects, as vLLM's does).
     """
 
     def __init__(self, block_size: int, num_blocks: int) -> None:
@@ -45,18 +43,15 @@ class CPUBackend(Backend):
         super().__init__(block_size=block_size, medium=CPULoadStoreSpec.medium())
         self.num_blocks: int = num_blocks
         self.num_allocated_blocks: int = 0
-        # freed blocks, most recently freed last
-        self._free: list[CPUBlockStatus] = []
-
-    @property
-    def allocated_blocks_free_list(self) -> list[int]:
-        """Ids of the freed blocks, the next to be reused last (vLLM's field)."""
-        return [b.block_id for b in self._free]
+        #: freed ids, the next to be reused last (vLLM's field)
+        self.allocated_blocks_free_list: list[int] = []
 
     def get_num_free_blocks(self) -> int:
-        return len(self._free) + self.num_blocks - self.num_allocated_blocks
+        return len(self.allocated_blocks_free_list) + self.num_blocks - self.num_allocated_blocks
 
-    def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
+    # -- handles: block ids -------------------------------------------------
+
+    def allocate_handles(self, block_hashes: list[BlockHash]) -> list[int]:
         n = len(block_hashes)
         if n > self.get_num_free_blocks():
             raise BlockStateError(
@@ -64,26 +59,38 @@ class CPUBackend(Backend):
             )
         fresh = min(n, self.num_blocks - self.num_allocated_blocks)
         start = self.num_allocated_blocks
-        blocks: list[BlockStatus] = list(map(CPUBlockStatus, range(start, start + fresh)))
+        ids = list(range(start, start + fresh))
         self.num_allocated_blocks = start + fresh
         reuse = n - fresh
         if reuse:
-            free = self._free
-            # last in, first out: the most recently freed block goes first
-            reused = free[: -reuse - 1 : -1]
-            del free[-reuse:]
-            for b in reused:
-                b.ref_cnt = -1
-            blocks += reused
-        return blocks
+            free_list = self.allocated_blocks_free_list
+            # last in, first out: the most recently freed id goes first
+            ids += free_list[: -reuse - 1 : -1]
+            del free_list[-reuse:]
+        return ids
+
+    def free_handles(self, handles: Iterable[int]) -> None:
+        self.allocated_blocks_free_list += handles
+
+    def get_handles_spec(
+        self, block_hashes: Sequence[BlockHash], handles: Sequence[int]
+    ) -> CPULoadStoreSpec:
+        return CPULoadStoreSpec.from_id_list(list(handles))
+
+    def block_status(self, handle: int, ref_cnt: int) -> CPUBlockStatus:
+        status = CPUBlockStatus(handle)
+        status.ref_cnt = ref_cnt
+        return status
+
+    # -- vLLM's interface ---------------------------------------------------
+
+    def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
+        return list(map(CPUBlockStatus, self.allocate_handles(block_hashes)))
 
     def free(self, block: BlockStatus) -> None:
         if not isinstance(block, CPUBlockStatus):
             raise BlockStateError(f"not a block of this backend: {block!r}")
-        self._free.append(block)
-
-    def free_blocks(self, blocks: Iterable[BlockStatus]) -> None:
-        self._free += blocks  # type: ignore[arg-type]
+        self.allocated_blocks_free_list.append(block.block_id)
 
     def get_load_store_spec(
         self, block_hashes: Iterable[BlockHash], blocks: Iterable[BlockStatus]

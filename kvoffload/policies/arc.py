@@ -20,7 +20,7 @@ from itertools import repeat
 from operator import itemgetter
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
+from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victim
 from kvoffload.policies.recency import RecencyList, Taken
 
@@ -49,18 +49,20 @@ class ARCPolicy(EvictionPolicy):
         """vLLM's name for the capacity (bound of T1+T2 and of each ghost list)."""
         return self.capacity
 
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+    def get(self, block_hash: BlockHash) -> Handle | None:
         b = self._get1(block_hash)
         if b is None:
             b = self._get2(block_hash)
             if b is None and (self.t1.parked or self.t2.parked):
-                b = self.t1.parked.get(block_hash) or self.t2.parked.get(block_hash)
+                b = self.t1.parked.get(block_hash)
+                if b is None:
+                    b = self.t2.parked.get(block_hash)
         return b
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.t1 or block_hash in self.t2
 
-    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[Handle | None]:
         return list(map(self.get, block_hashes))
 
     def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -74,13 +76,13 @@ class ARCPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
 
-    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         self.t1.order.update(zip(block_hashes, blocks, strict=True))
         for ghosts in (self.b1, self.b2):  # re-stored: no longer a ghost
             if ghosts:
                 deque(map(ghosts.pop, block_hashes, repeat(None)), 0)
 
-    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+    def remove(self, block_hash: BlockHash) -> Handle | None:
         b = self.t1.remove(block_hash)
         return b if b is not None else self.t2.remove(block_hash)
 
@@ -88,6 +90,7 @@ class ARCPolicy(EvictionPolicy):
         t1, t2 = self.t1.order, self.t2.order
         p1, p2 = self.t1.parked, self.t2.parked
         b1, b2 = self.b1, self.b2
+        busy = self.busy
         # Most touched hashes are in no list (a new prompt's blocks): one
         # pass of membership tests drops them before the per-list work.
         rev = reversed(block_hashes)
@@ -100,7 +103,7 @@ class ARCPolicy(EvictionPolicy):
         for h in known:
             b = t1.get(h)
             if b is not None:
-                if b.ref_cnt < 0:
+                if busy.get(h, 0) < 0:
                     # Store still in flight: the engine touches right after
                     # prepare_store, which is not a second use. Stay in T1.
                     t1.move_to_end(h)
@@ -109,9 +112,8 @@ class ARCPolicy(EvictionPolicy):
                     t2[h] = b
             elif h in t2:
                 t2.move_to_end(h)
-            elif h in p1:
-                if p1[h].ref_cnt >= 0:  # pinned by a load: a second use
-                    p2[h] = p1.pop(h)
+            elif h in p1:  # parked: pinned by a load, so a second use
+                p2[h] = p1.pop(h)
             elif h in p2:
                 pass  # in use: back at T2's recent end when released
             elif h in b1:
@@ -132,15 +134,17 @@ class ARCPolicy(EvictionPolicy):
         # back to the other when it has nothing evictable). Every run resumes
         # where its list's previous one stopped: one pass per list for the
         # whole batch (vLLM restarts the scan for every victim).
-        t1, t2 = self.t1, self.t2
+        t1, t2, busy = self.t1, self.t2, self.busy
         if n > len(t1.order) + len(t2.order):  # parked blocks are all busy
             return None
+        if len(busy) == len(t1.parked) + len(t2.parked):
+            busy = {}  # the busy blocks are all parked: the scans need not look
         first = min(n, max(0, len(t1) - int(self.target_t1_size) + 1))
         taken1, taken2 = Taken(), Taken()
-        v1 = t1.take(first, protected, taken1)
-        v2 = t2.take(n - len(v1), protected, taken2)
+        v1 = t1.take(first, protected, busy, taken1)
+        v2 = t2.take(n - len(v1), protected, busy, taken2)
         if len(v1) + len(v2) < n:  # fall back to T1
-            v1 += t1.take(n - len(v1) - len(v2), protected, taken1)
+            v1 += t1.take(n - len(v1) - len(v2), protected, busy, taken1)
         if len(v1) + len(v2) < n:
             t1.rollback(taken1)
             t2.rollback(taken2)
@@ -163,10 +167,10 @@ class ARCPolicy(EvictionPolicy):
         self.t1.release(block_hashes)
         self.t2.release(block_hashes)
 
-    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
         return iter([*self.t1.entries(), *self.t2.entries()])
 
-    def seed(self, items: Iterable[tuple[BlockHash, BlockStatus]]) -> None:
+    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
         # Another policy's order seeds T1 (no block has a proven second use
         # yet from ARC's point of view); ghosts start empty, target at 0.
         self.t1.order.update(items)

@@ -1,8 +1,8 @@
 """The eviction-policy seam.
 
 A policy is a small ordered index of the resident blocks: it keeps the block
-table (hash -> :class:`~kvoffload.backend.BlockStatus`) in its own order,
-reacts to ``touch`` and picks victims. Everything else (reference counts,
+table (hash -> the backend's :data:`~kvoffload.backend.Handle`) in its own
+order, reacts to ``touch`` and picks victims. Everything else (reference counts,
 protection of the hashes a call names, atomicity, events, counters) belongs to
 :class:`~kvoffload.manager.PolicyOffloadingManager` and is written once.
 """
@@ -10,14 +10,14 @@ protection of the hashes a call names, atomicity, events, counters) belongs to
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
+from kvoffload.backend import Handle
 
-#: ``(hash, block)``, as ``OrderedDict.popitem`` returns it
-Victim = tuple[BlockHash, BlockStatus]
+#: ``(hash, handle)``, as ``OrderedDict.popitem`` returns it
+Victim = tuple[BlockHash, Handle]
 
 
 class EvictionPolicy(ABC):
@@ -29,8 +29,8 @@ class EvictionPolicy(ABC):
     * ``get``/``__contains__``/``__len__`` see exactly the inserted, not yet
       evicted or removed blocks;
     * ``evict(n, protected)`` is all-or-nothing: it returns exactly ``n``
-      victims, each with ``ref_cnt == 0`` and not in ``protected``, and removes
-      them; or it returns ``None`` and changes nothing;
+      victims, none of them busy (in :attr:`busy`) or in ``protected``, and
+      removes them; or it returns ``None`` and changes nothing;
     * ``evict`` costs amortised O(1) per victim even when most blocks are
       pinned or in flight: a non-evictable block the scan passes counts as
       in use (it *is*) and leaves the scanned order (it is parked until
@@ -53,15 +53,27 @@ class EvictionPolicy(ABC):
         self.ghost_hits: dict[str, int] = {}
         #: blocks evicted, by the list they were evicted from
         self.evictions: dict[str, int] = {}
+        #: reference counts of the busy blocks, kept by the manager (which
+        #: sets this): ``-1`` while a block's store is in flight, ``> 0``
+        #: while loads read it; a resident block not in it is evictable.
+        #: Read-only for the policy.
+        self.busy: Mapping[BlockHash, int] = {}
 
     @abstractmethod
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:
+    def get(self, block_hash: BlockHash) -> Handle | None:
         """The resident block with this hash, or ``None``."""
 
     @abstractmethod
     def __contains__(self, block_hash: object) -> bool: ...
 
-    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+    def get_idle(self, block_hash: BlockHash) -> Handle | None:
+        """:meth:`get`, but only required to be right for a block that is
+        not busy (the manager checks :attr:`busy` first). ``lookup`` calls
+        it once per block: a policy that sets busy blocks aside can answer
+        from its main table alone (LRU binds it to a C method)."""
+        return self.get(block_hash)
+
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[Handle | None]:
         """:meth:`get` for each hash (one call; policies may do it faster)."""
         return list(map(self.get, block_hashes))
 
@@ -75,11 +87,11 @@ class EvictionPolicy(ABC):
         """Number of resident blocks (ghost entries excluded)."""
 
     @abstractmethod
-    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         """Add newly allocated blocks (not yet in the index) as most recent."""
 
     @abstractmethod
-    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+    def remove(self, block_hash: BlockHash) -> Handle | None:
         """Forget a block without remembering it (its store failed)."""
 
     @abstractmethod
@@ -91,10 +103,10 @@ class EvictionPolicy(ABC):
         """Remove and return ``n`` evictable blocks, or ``None`` (no change)."""
 
     @abstractmethod
-    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
         """Every resident block, first to be evicted first."""
 
-    def seed(self, items: Iterable[tuple[BlockHash, BlockStatus]]) -> None:
+    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
         """Fill an empty policy from another policy's :meth:`ordered_items`."""
         items = list(items)
         self.insert([h for h, _ in items], [b for _, b in items])

@@ -6,7 +6,7 @@ from collections.abc import Container, Iterable, Iterator, Sequence
 from itertools import filterfalse
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
+from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victim
 from kvoffload.policies.recency import RecencyList, Taken
 
@@ -26,21 +26,17 @@ class LRUPolicy(EvictionPolicy):
         super().__init__(capacity)
         self.blocks = RecencyList()
         self.evictions = {"lru": 0}
-        self._fast_get()
+        # busy blocks are never parked unless pinned: for any other block
+        # the main table is the answer, straight from the C method
+        self.get_idle = self.blocks.order.get  # type: ignore[method-assign,assignment]
 
-    def _fast_get(self) -> None:
-        # The manager calls get once per block: with nothing parked it goes
-        # straight to the C method.
-        lst = self.blocks
-        self.get = lst.order.get if not lst.parked else lst.get  # type: ignore[method-assign,assignment]
-
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:  # replaced per instance
+    def get(self, block_hash: BlockHash) -> Handle | None:
         return self.blocks.get(block_hash)
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
 
-    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[Handle | None]:
         lst = self.blocks
         blocks = list(map(lst.order.get, block_hashes))
         if lst.parked and None in blocks:
@@ -60,13 +56,11 @@ class LRUPolicy(EvictionPolicy):
     def __len__(self) -> int:
         return len(self.blocks)
 
-    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         self.blocks.order.update(zip(block_hashes, blocks, strict=True))
 
-    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
-        b = self.blocks.remove(block_hash)
-        self._fast_get()
-        return b
+    def remove(self, block_hash: BlockHash) -> Handle | None:
+        return self.blocks.remove(block_hash)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         od = self.blocks.order
@@ -80,13 +74,14 @@ class LRUPolicy(EvictionPolicy):
         if n > len(lst.order):  # parked blocks are all busy
             return None
         taken = Taken()
-        victims = lst.take(n, protected, taken)
+        # every parked block is busy: when they are all the busy ones, the
+        # list holds none and the scan need not look
+        busy = self.busy if len(self.busy) > len(lst.parked) else {}
+        victims = lst.take(n, protected, busy, taken)
         if len(victims) < n:
             lst.rollback(taken)
             return None
         lst.commit(taken)
-        if taken.pinned:
-            self._fast_get()
         self.evictions["lru"] += n
         return victims
 
@@ -94,11 +89,9 @@ class LRUPolicy(EvictionPolicy):
         return  # blocks in flight are never parked (RecencyList moves them)
 
     def released(self, block_hashes: Sequence[BlockHash]) -> None:
-        if self.blocks.parked:
-            self.blocks.release(block_hashes)
-            self._fast_get()
+        self.blocks.release(block_hashes)
 
-    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
         # parked blocks are in use: they count as the most recent
         return iter(self.blocks.entries())
 

@@ -18,17 +18,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Iterator, Mapping
 from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter, not_
+from operator import itemgetter, not_
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
+from kvoffload.backend import Handle
 
 #: ``(hash, block)``, as ``OrderedDict.popitem`` returns it
-Entry = tuple[BlockHash, BlockStatus]
+Entry = tuple[BlockHash, Handle]
 
 _HASH = itemgetter(0)
-_BLOCK = itemgetter(1)
-_REF_CNT = attrgetter("ref_cnt")
 _POSITIVE = (0).__lt__  # 0 < ref_cnt: pinned by loads
 _NEGATIVE = (0).__gt__  # 0 > ref_cnt: store in flight
 
@@ -46,7 +44,7 @@ class Taken:
         self.skipped: list[Entry] = []  # protected: back to the old end
 
 
-class RecencyList(Mapping[BlockHash, BlockStatus]):
+class RecencyList(Mapping[BlockHash, Handle]):
     """Resident blocks, least recently used first; parked blocks last.
 
     A read-only ``Mapping`` (``in``, ``len``, iteration in eviction order,
@@ -58,17 +56,17 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
 
     def __init__(self) -> None:
         #: blocks not known to be busy, least recently used first
-        self.order: OrderedDict[BlockHash, BlockStatus] = OrderedDict()
+        self.order: OrderedDict[BlockHash, Handle] = OrderedDict()
         #: busy blocks an eviction passed, waiting for :meth:`release`
-        self.parked: dict[BlockHash, BlockStatus] = {}
+        self.parked: dict[BlockHash, Handle] = {}
 
     # -- Mapping ----------------------------------------------------------
 
-    def __getitem__(self, block_hash: BlockHash) -> BlockStatus:
+    def __getitem__(self, block_hash: BlockHash) -> Handle:
         b = self.order.get(block_hash)
         return b if b is not None else self.parked[block_hash]
 
-    def get(self, block_hash: BlockHash, default: None = None) -> BlockStatus | None:  # type: ignore[override]
+    def get(self, block_hash: BlockHash, default: None = None) -> Handle | None:  # type: ignore[override]
         b = self.order.get(block_hash)
         return b if b is not None or not self.parked else self.parked.get(block_hash)
 
@@ -90,7 +88,7 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
 
     # -- changes ------------------------------------------------------------
 
-    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+    def remove(self, block_hash: BlockHash) -> Handle | None:
         b = self.order.pop(block_hash, None)
         if b is None and self.parked:
             b = self.parked.pop(block_hash, None)
@@ -104,9 +102,16 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
             for h in filter(parked.__contains__, block_hashes):
                 order[h] = pop(h)
 
-    def take(self, n: int, protected: Container[BlockHash], taken: Taken) -> list[Entry]:
-        """Pop up to ``n`` evictable entries not in ``protected`` from the
-        old end and return them; what else was popped is noted in
+    def take(
+        self,
+        n: int,
+        protected: Container[BlockHash],
+        busy: Mapping[BlockHash, int],
+        taken: Taken,
+    ) -> list[Entry]:
+        """Pop up to ``n`` entries from the old end that are neither busy
+        (reference counts by hash, as the manager keeps them) nor in
+        ``protected``, and return them; what else was popped is noted in
         ``taken``. Follow with :meth:`commit` or :meth:`rollback`."""
         order = self.order
         pop = order.popitem
@@ -115,11 +120,12 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
         while (need := n - len(victims)) > 0 and order:
             batch = list(map(pop, repeat(False, min(need, len(order)))))
             taken.seen += batch
-            refs = list(map(_REF_CNT, map(_BLOCK, batch)))
-            if any(refs):
-                taken.pinned += compress(batch, map(_POSITIVE, refs))
-                taken.in_flight += compress(batch, map(_NEGATIVE, refs))
-                batch = list(compress(batch, map(not_, refs)))
+            if busy and not busy.keys().isdisjoint(map(_HASH, batch)):
+                refs = list(map(busy.get, map(_HASH, batch), repeat(0)))
+                if any(refs):
+                    taken.pinned += compress(batch, map(_POSITIVE, refs))
+                    taken.in_flight += compress(batch, map(_NEGATIVE, refs))
+                    batch = list(compress(batch, map(not_, refs)))
             named = list(map(contains, map(_HASH, batch)))
             if any(named):
                 taken.skipped += compress(batch, named)
@@ -144,7 +150,7 @@ class RecencyList(Mapping[BlockHash, BlockStatus]):
             push_front(self.order, taken.seen)
 
 
-def push_front(od: OrderedDict[BlockHash, BlockStatus], entries: list[Entry]) -> None:
+def push_front(od: OrderedDict[BlockHash, Handle], entries: list[Entry]) -> None:
     """Put ``entries`` (oldest first) back at the oldest end of ``od``."""
     to_front = od.move_to_end
     for h, b in reversed(entries):

@@ -55,10 +55,10 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Iterator, Sequence
 from itertools import compress, filterfalse, repeat
-from operator import attrgetter, itemgetter, not_
+from operator import itemgetter, not_
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
+from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victim
 
 #: a block's use count saturates here (bounds how long a formerly hot
@@ -75,8 +75,6 @@ PRIOR_REUSED, PRIOR_ENTERED = 1.0, 4.0
 TAIL_ADMIT_SHARE = 0.5
 
 _HASH = itemgetter(0)
-_BLOCK = itemgetter(1)
-_REF_CNT = attrgetter("ref_cnt")
 #: runs an iterator to its end at C speed
 _drain = deque[object](maxlen=0).extend
 
@@ -91,7 +89,7 @@ class ReusePolicy(EvictionPolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         #: every resident block (parked ones too)
-        self.blocks: dict[BlockHash, BlockStatus] = {}
+        self.blocks: dict[BlockHash, Handle] = {}
         self.get = self.blocks.get  # type: ignore[method-assign,assignment]
         #: use count of resident blocks whose store completed
         self._freq: dict[BlockHash, int] = {}
@@ -99,11 +97,11 @@ class ReusePolicy(EvictionPolicy):
         #: its last use); it differs from its bucket's when touched since
         self._want: dict[BlockHash, int] = {}
         #: priority -> its blocks, least recently filed first
-        self._buckets: dict[int, OrderedDict[BlockHash, BlockStatus]] = {}
+        self._buckets: dict[int, OrderedDict[BlockHash, Handle]] = {}
         #: no bucket below this one holds a block
         self._lo = 0
         #: pinned or in-flight blocks an eviction passed, until released
-        self.parked: dict[BlockHash, BlockStatus] = {}
+        self.parked: dict[BlockHash, Handle] = {}
         #: evicted hash -> its use count
         self._ghost: OrderedDict[BlockHash, int] = OrderedDict()
         #: never-used tails, resident or ghost (for learning their rate)
@@ -115,13 +113,13 @@ class ReusePolicy(EvictionPolicy):
         self.ghost_hits = {"ghost": 0}
         self.evictions = {"new": 0, "reused": 0}
 
-    def get(self, block_hash: BlockHash) -> BlockStatus | None:  # replaced per instance
+    def get(self, block_hash: BlockHash) -> Handle | None:  # replaced per instance
         return self.blocks.get(block_hash)
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
 
-    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[BlockStatus | None]:
+    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[Handle | None]:
         return list(map(self.blocks.get, block_hashes))
 
     def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
@@ -154,7 +152,7 @@ class ReusePolicy(EvictionPolicy):
 
     # -- filing --------------------------------------------------------------
 
-    def _bucket(self, prio: int) -> OrderedDict[BlockHash, BlockStatus]:
+    def _bucket(self, prio: int) -> OrderedDict[BlockHash, Handle]:
         bucket = self._buckets.get(prio)
         if bucket is None:
             bucket = self._buckets[prio] = OrderedDict()
@@ -164,7 +162,7 @@ class ReusePolicy(EvictionPolicy):
 
     # -- the seam ------------------------------------------------------------
 
-    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[BlockStatus]) -> None:
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         n = len(block_hashes)
         if n != len(blocks):
             raise ValueError("insert needs one block per hash")
@@ -212,7 +210,7 @@ class ReusePolicy(EvictionPolicy):
                 lst[BODY] *= 0.5
                 lst[TAIL] *= 0.5
 
-    def remove(self, block_hash: BlockHash) -> BlockStatus | None:
+    def remove(self, block_hash: BlockHash) -> Handle | None:
         b = self.blocks.pop(block_hash, None)
         if b is None:
             return None
@@ -257,9 +255,9 @@ class ReusePolicy(EvictionPolicy):
             return []
         if n > len(self.blocks) - len(self.parked):
             return None
-        buckets, want, parked = self._buckets, self._want, self.parked
+        buckets, want, parked, busy = self._buckets, self._want, self.parked, self.busy
         victims: list[Victim] = []
-        skipped: list[tuple[int, BlockHash, BlockStatus]] = []  # protected
+        skipped: list[tuple[int, BlockHash, Handle]] = []  # protected
         taken: list[tuple[int, list[Victim]]] = []  # what may have to go back
         prio = self._lo
         top = max(buckets, default=prio - 1)
@@ -280,10 +278,11 @@ class ReusePolicy(EvictionPolicy):
                     if w > top:
                         top = w
                 batch = list(compress(batch, map(not_, stale)))
-            refs = list(map(_REF_CNT, map(_BLOCK, batch)))
-            if any(refs):  # in use: out of the order until released
-                parked.update(compress(batch, refs))
-                batch = list(compress(batch, map(not_, refs)))
+            if busy:
+                refs = list(map(busy.get, map(_HASH, batch), repeat(0)))
+                if any(refs):  # in use: out of the order until released
+                    parked.update(compress(batch, refs))
+                    batch = list(compress(batch, map(not_, refs)))
             taken.append((prio, batch))
             named = list(map(contains, map(_HASH, batch)))
             if any(named):
@@ -322,7 +321,7 @@ class ReusePolicy(EvictionPolicy):
             self._tails.difference_update(gone)
         return victims
 
-    def _put_front(self, prio: int, h: BlockHash, b: BlockStatus) -> None:
+    def _put_front(self, prio: int, h: BlockHash, b: Handle) -> None:
         bucket = self._bucket(prio)
         bucket[h] = b
         bucket.move_to_end(h, last=False)
@@ -340,9 +339,9 @@ class ReusePolicy(EvictionPolicy):
             w = want[h] = age + freq[h]
             self._bucket(w)[h] = parked.pop(h)
 
-    def ordered_items(self) -> Iterator[tuple[BlockHash, BlockStatus]]:
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
         want = self._want
-        order: list[tuple[int, int, BlockHash, BlockStatus]] = []
+        order: list[tuple[int, int, BlockHash, Handle]] = []
         for prio in sorted(self._buckets):
             for h, b in self._buckets[prio].items():
                 order.append((want[h], len(order), h, b))
@@ -351,7 +350,7 @@ class ReusePolicy(EvictionPolicy):
         items += self.parked.items()  # in use: the most recent
         return iter(items)
 
-    def seed(self, items: Iterable[tuple[BlockHash, BlockStatus]]) -> None:
+    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
         # Another policy's order (first evicted first) becomes recency order
         # among blocks used once; learned rates start from the prior.
         prio = self._age + 1
@@ -360,7 +359,7 @@ class ReusePolicy(EvictionPolicy):
             self.blocks[h] = b
             bucket[h] = b
             self._want[h] = prio
-            if b.ref_cnt >= 0:
+            if self.busy.get(h, 0) >= 0:  # its store completed
                 self._freq[h] = 1
 
     def list_sizes(self) -> dict[str, int]:

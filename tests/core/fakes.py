@@ -6,8 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvoffload import BlockHash, PolicyOffloadingManager, PrepareStoreOutput
-from kvoffload.backend import BlockStatus
-from kvoffload.backends.cpu import CPUBackend, CPUBlockStatus
+from kvoffload.backends.cpu import CPUBackend
 from kvoffload.policies import EvictionPolicy
 
 
@@ -33,8 +32,8 @@ def store(m: PolicyOffloadingManager, *ids: int) -> PrepareStoreOutput:
     return out
 
 
-def ref_cnt(m: PolicyOffloadingManager, i: int) -> int | None:
-    b = m.get_block(bh(i))
+def ref_cnt(m: PolicyOffloadingManager, i: int | BlockHash) -> int | None:
+    b = m.get_block(bh(i) if isinstance(i, int) else i)
     return None if b is None else b.ref_cnt
 
 
@@ -65,52 +64,36 @@ def manager_state(m: PolicyOffloadingManager) -> dict[str, Any]:
             dict(stats.params),
             stats.events,
         ),
-        "blocks": [
-            (h, b.ref_cnt, getattr(b, "block_id", None), id(b)) for h, b in m.policy.ordered_items()
-        ],
+        "blocks": [(h, handle, ref_cnt(m, h)) for h, handle in m.policy.ordered_items()],
         "policy": policy_state(m.policy),
         "backend": (list(backend.allocated_blocks_free_list), backend.num_allocated_blocks),
         "events": None if log is None else (log.last_seq, len(log)),
     }
 
 
-class CountingBlock(CPUBlockStatus):
-    """A CPU block whose ``ref_cnt`` reads are counted: a policy has to read
-    a block's ``ref_cnt`` to decide whether it may evict it, so the count is
-    the number of entries an eviction scan examined."""
+class CountingRefs(dict[BlockHash, int]):
+    """A manager's busy table whose ``get`` calls are counted: a policy has
+    to look a block up there to know whether it may evict it, so the count
+    is the number of entries an eviction scan examined."""
 
-    __slots__ = ("_counter", "_ref")
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
 
-    def __init__(self, block_id: int, counter: list[int]) -> None:
-        self._counter = counter
-        super().__init__(block_id)
-
-    @property
-    def ref_cnt(self) -> int:
-        self._counter[0] += 1
-        return self._ref
-
-    @ref_cnt.setter
-    def ref_cnt(self, value: int) -> None:
-        self._ref = value
+    def get(self, key: BlockHash, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
 
 
-class CountingBackend(CPUBackend):
-    """A :class:`CPUBackend` handing out :class:`CountingBlock` s."""
-
-    def __init__(self, block_size: int, num_blocks: int) -> None:
-        super().__init__(block_size, num_blocks)
-        self.reads = [0]
-
-    def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
-        plain = super().allocate_blocks(block_hashes)
-        return [CountingBlock(b.block_id, self.reads) for b in plain]  # type: ignore[attr-defined]
-
-    def count(self) -> int:
-        return self.reads[0]
-
-    def reset(self) -> None:
-        self.reads[0] = 0
+def counting_manager(
+    capacity: int, policy: str = "lru"
+) -> tuple[PolicyOffloadingManager, CountingRefs]:
+    """A manager whose policies read a :class:`CountingRefs` busy table."""
+    m = PolicyOffloadingManager(CPUBackend(16, capacity), policy=policy)
+    refs = CountingRefs()
+    m._refs = refs  # swapped before any call, so nothing is lost
+    m.policy.busy = refs
+    return m, refs
 
 
 def resident(m: PolicyOffloadingManager) -> list[BlockHash]:

@@ -85,20 +85,24 @@ def test_cpu_backend_free_blocks_is_free_in_order() -> None:
     assert b2.allocate_blocks([]) == []
 
 
-def test_cpu_backend_reuses_a_freed_status_object_reset_to_in_flight() -> None:
-    """Allocation on a full cache recycles the freed block's status object
-    (no object per block on the hot path); it must come back in flight,
-    whatever state it was freed in, and keep its id."""
-    b = CPUBackend(16, 2)
-    first, second = b.allocate_blocks(bhs(1, 2))
-    first.ref_cnt = 0
-    second.ref_cnt = 3  # a backend does not judge: the manager never frees these
-    b.free_blocks([first, second])
-    assert b.allocated_blocks_free_list == [0, 1]
-    again = b.allocate_blocks(bhs(3, 4))
-    assert again == [second, first]  # same objects, most recently freed first
-    assert [blk.ref_cnt for blk in again] == [-1, -1]
-    assert _ids(again) == [1, 0]
+def test_cpu_backend_handles_are_block_ids_in_vllm_order() -> None:
+    """What a manager keeps per block is the id itself; the vLLM methods and
+    the handle methods share one id sequence."""
+    b = CPUBackend(16, 4)
+    assert b.allocate_handles(bhs(1, 2)) == [0, 1]
+    (status,) = b.allocate_blocks(bhs(3))
+    assert isinstance(status, CPUBlockStatus) and status.block_id == 2 and status.ref_cnt == -1
+    b.free_handles([0, 1])
+    b.free(status)
+    assert b.allocated_blocks_free_list == [0, 1, 2]
+    assert b.allocate_handles(bhs(4, 5, 6)) == [3, 2, 1]  # fresh first, then LIFO
+    assert b.get_num_free_blocks() == 1
+    spec = b.get_handles_spec(bhs(4, 5), [3, 2])
+    assert isinstance(spec, CPULoadStoreSpec) and spec.block_ids.tolist() == [3, 2]
+    snap = b.block_status(3, 2)
+    assert isinstance(snap, CPUBlockStatus) and (snap.block_id, snap.ref_cnt) == (3, 2)
+    with pytest.raises(BlockStateError, match="only 1 free"):
+        b.allocate_handles(bhs(7, 8))
 
 
 def test_cpu_backend_free_rejects_a_foreign_block() -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from kvoffload import ARCOffloadingManager, CPUBackend, PolicyOffloadingManager
+from kvoffload.policies.arc import ARCPolicy
 
 from .conftest import CAPACITY
-from .fakes import CountingBackend, bh, bhs, ids_of, manager_state, ref_cnt, resident, store
+from .fakes import bh, bhs, counting_manager, ids_of, manager_state, ref_cnt, resident, store
 
 
 def test_defect1_arc_touch_of_block_with_store_in_flight_keeps_it_in_t1() -> None:
@@ -149,13 +150,12 @@ def test_defect10_eviction_does_not_rescan_pinned_blocks(policy: str) -> None:
     """vLLM starts every eviction scan at the LRU end and walks past every
     pinned or in-flight block there: O(pinned) per victim, and ARC restarts
     the scan for each victim of a batch, O(victims * pinned). We count the
-    entries a scan examines (a policy reads ``ref_cnt`` of each block it
-    considers): one batch passes the non-evictable head once, and the next
+    entries a scan examines (a policy looks up each block it considers in
+    the manager's busy table): one batch passes the non-evictable head once, and the next
     eviction examines O(1) entries. On vLLM the batch would examine about
     ``victims * busy`` = 25,000 entries and the next eviction ``busy`` again."""
     busy, evictable, victims = 500, 600, 50
-    backend = CountingBackend(16, busy + evictable)
-    m = PolicyOffloadingManager(backend, policy=policy)
+    m, refs = counting_manager(busy + evictable, policy)
     m.prepare_store([bh(i) for i in range(busy // 2)])  # in flight, oldest
     pinned = [bh(i) for i in range(busy // 2, busy)]
     m.prepare_store(pinned)
@@ -163,16 +163,16 @@ def test_defect10_eviction_does_not_rescan_pinned_blocks(policy: str) -> None:
     m.prepare_load(pinned)
     store(m, *range(busy, busy + evictable))
 
-    backend.reset()
+    refs.reads = 0
     out = m.prepare_store([bh(10_000 + i) for i in range(victims)])
     assert out is not None and len(out.block_hashes_evicted) == victims
-    assert backend.count() <= busy + 2 * victims + SMALL
+    assert refs.reads <= busy + 2 * victims + SMALL
 
     for j in range(20):
-        backend.reset()
+        refs.reads = 0
         out = m.prepare_store([bh(20_000 + j)])
         assert out is not None and len(out.block_hashes_evicted) == 1
-        assert backend.count() <= SMALL
+        assert refs.reads <= SMALL
     assert all(ref_cnt(m, i) == -1 for i in range(busy // 2))
     assert all(ref_cnt(m, i) == 1 for i in range(busy // 2, busy))
 
@@ -184,21 +184,21 @@ def test_defect10_busy_preferred_arc_list_is_not_rescanned() -> None:
     scan the list must be skipped until one of its blocks can be evicted
     again (a load completes, or a block is promoted into it)."""
     capacity, busy = 1000, 400
-    backend = CountingBackend(16, capacity)
-    m = ARCOffloadingManager(backend)
+    m, refs = counting_manager(capacity, "arc")
+    assert isinstance(m.policy, ARCPolicy)
     store(m, *range(busy))
     m.touch(bhs(*range(busy)))  # T2 = 0..399
     m.prepare_load(bhs(*range(busy)))  # all of T2 pinned
     store(m, *range(busy, capacity))  # T1 = 400..999, evictable
-    m.target_t1_size = capacity  # len(T1) < target: T2 preferred
+    m.policy.target_t1_size = capacity  # len(T1) < target: T2 preferred
 
-    backend.reset()
+    refs.reads = 0
     assert store(m, 10_000).block_hashes_evicted == [bh(busy)]
-    assert backend.count() <= busy + SMALL
+    assert refs.reads <= busy + SMALL
     for j in range(1, 20):
-        backend.reset()
+        refs.reads = 0
         assert store(m, 10_000 + j).block_hashes_evicted == [bh(busy + j)]
-        assert backend.count() <= SMALL
+        assert refs.reads <= SMALL
 
     m.complete_load(bhs(7))  # T2 has an evictable block again: preferred
     assert store(m, 20_000).block_hashes_evicted == [bh(7)]
@@ -215,12 +215,11 @@ def test_defect10_store_into_a_cache_of_busy_blocks_is_rejected_without_scanning
     before answering ``None``, for every ``prepare_store``: O(n) per step
     while the loads or stores last. The answer must come without a scan."""
     capacity = 600
-    backend = CountingBackend(16, capacity)
-    m = PolicyOffloadingManager(backend, policy=policy)
+    m, refs = counting_manager(capacity, policy)
     store(m, *range(capacity // 2))
     m.prepare_load(bhs(*range(capacity // 2)))
     m.prepare_store(bhs(*range(capacity // 2, capacity)))
     for j in range(10):
-        backend.reset()
+        refs.reads = 0
         assert m.prepare_store(bhs(5_000 + j)) is None
-        assert backend.count() <= SMALL
+        assert refs.reads <= SMALL

@@ -8,7 +8,6 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.backend import BlockStatus
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.policies.lru import LRUPolicy
 from kvoffload.policies.recency import RecencyList, Taken
@@ -21,15 +20,16 @@ states = st.lists(st.sampled_from([-1, 0, 0, 0, 1, 2]), min_size=0, max_size=24)
 State = list[tuple[bytes, int]]
 
 
-def _fill(lst: RecencyList, refs: list[int], base: int = 0) -> None:
+def _fill(lst: RecencyList, refs: list[int], busy: dict[bytes, int], base: int = 0) -> None:
+    """Blocks ``bh(base + i)`` with handle ``base + i``, busy as ``refs`` says."""
     for i, r in enumerate(refs):
-        b = BlockStatus()
-        b.ref_cnt = r
-        lst.order[bh(base + i)] = b
+        lst.order[bh(base + i)] = base + i
+        if r:
+            busy[bh(base + i)] = r
 
 
-def _state(lst: RecencyList) -> State:
-    return [(h, b.ref_cnt) for h, b in lst.entries()]
+def _state(lst: RecencyList, busy: dict[bytes, int]) -> State:
+    return [(h, busy.get(h, 0)) for h in lst]
 
 
 def _pick(state: State, n: int, protected: set[bytes]) -> list[bytes]:
@@ -57,17 +57,19 @@ def _protected(data: st.DataObject, hashes: list[bytes]) -> set[bytes]:
 @given(refs=states, n=st.integers(1, 12), data=st.data())
 def test_lru_eviction_matches_a_scan(refs: list[int], n: int, data: st.DataObject) -> None:
     p = LRUPolicy(capacity=64)
-    _fill(p.blocks, refs)
-    before = _state(p.blocks)
+    busy: dict[bytes, int] = {}
+    p.busy = busy
+    _fill(p.blocks, refs, busy)
+    before = _state(p.blocks, busy)
     protected = _protected(data, [h for h, _ in before])
     expected = _pick(before, n, protected)
     victims = p.evict(n, protected)
     if len(expected) < n:
         assert victims is None
-        assert _state(p.blocks) == before and not p.blocks.parked  # nothing changed
+        assert _state(p.blocks, busy) == before and not p.blocks.parked  # nothing changed
         return
     assert victims is not None and [h for h, _ in victims] == expected
-    assert _state(p.blocks) == _after(before, expected)
+    assert _state(p.blocks, busy) == _after(before, expected)
     assert p.evictions == {"lru": n}
 
 
@@ -94,63 +96,66 @@ def test_arc_eviction_matches_its_definition(
     t1: list[int], t2: list[int], target: int, n: int, data: st.DataObject
 ) -> None:
     p = ARCPolicy(capacity=64)
-    _fill(p.t1, t1)
-    _fill(p.t2, t2, base=100)
+    busy: dict[bytes, int] = {}
+    p.busy = busy
+    _fill(p.t1, t1, busy)
+    _fill(p.t2, t2, busy, base=100)
     p.target_t1_size = float(target)
-    before1, before2 = _state(p.t1), _state(p.t2)
+    before1, before2 = _state(p.t1, busy), _state(p.t2, busy)
     protected = _protected(data, [h for h, _ in before1 + before2])
     expected = _arc_pick(before1, before2, target, n, protected)
     got = p.evict(n, protected)
     if expected is None:
         assert got is None
-        assert (_state(p.t1), _state(p.t2)) == (before1, before2)
+        assert (_state(p.t1, busy), _state(p.t2, busy)) == (before1, before2)
         assert not (p.t1.parked or p.t2.parked or p.b1 or p.b2)
         return
     v1, v2, done1, done2 = expected
     assert got is not None and [h for h, _ in got] == v1 + v2
-    assert _state(p.t1) == _after(before1, v1, done1)
-    assert _state(p.t2) == _after(before2, v2, done2)
+    assert _state(p.t1, busy) == _after(before1, v1, done1)
+    assert _state(p.t2, busy) == _after(before2, v2, done2)
     assert (list(p.b1), list(p.b2)) == (v1, v2)
     assert p.evictions == {"t1": len(v1), "t2": len(v2)}
 
 
 def test_recency_list_take_rollback_restores_order() -> None:
     lst = RecencyList()
-    _fill(lst, [0, 1, 0, -1, 0])
-    before = _state(lst)
+    busy: dict[bytes, int] = {}
+    _fill(lst, [0, 1, 0, -1, 0], busy)
+    before = _state(lst, busy)
     taken = Taken()
-    assert [h for h, _ in lst.take(2, {bh(0)}, taken)] == [bh(2), bh(4)]
+    assert [h for h, _ in lst.take(2, {bh(0)}, busy, taken)] == [bh(2), bh(4)]
     lst.rollback(taken)
-    assert _state(lst) == before and not lst.parked
+    assert _state(lst, busy) == before and not lst.parked
 
 
 def test_lru_policy_parks_and_releases_through_the_seam() -> None:
     p = LRUPolicy(capacity=4)
-    blocks = [BlockStatus() for _ in range(3)]
-    p.insert([bh(1), bh(2), bh(3)], blocks)
-    blocks[0].ref_cnt = 1  # pinned
-    blocks[1].ref_cnt = 0
-    blocks[2].ref_cnt = 0
+    p.busy = busy = {bh(1): 1}  # pinned
+    p.insert([bh(1), bh(2), bh(3)], [10, 20, 30])
     victims = p.evict(1, ())
-    assert victims is not None and [h for h, _ in victims] == [bh(2)]
-    assert p.blocks.parked == {bh(1): blocks[0]}
-    assert p.get(bh(1)) is blocks[0] and bh(1) in p and len(p) == 2
-    assert p.get_many([bh(3), bh(1), bh(9)]) == [blocks[2], blocks[0], None]
+    assert victims == [(bh(2), 20)]
+    assert p.blocks.parked == {bh(1): 10}
+    assert p.get(bh(1)) == 10 and bh(1) in p and len(p) == 2
+    assert p.get_idle(bh(3)) == 30  # exact for blocks that are not busy
+    assert p.get_many([bh(3), bh(1), bh(9)]) == [30, 10, None]
     assert p.absent([bh(1), bh(3), bh(9)]) == [bh(9)]
-    blocks[0].ref_cnt = 0
+    del busy[bh(1)]
     p.released([bh(1)])
     assert not p.blocks.parked and list(p.blocks) == [bh(3), bh(1)]
-    assert p.get == p.blocks.order.get  # back to the C lookup
-    assert p.remove(bh(1)) is blocks[0] and p.remove(bh(1)) is None
+    assert p.get_idle(bh(1)) == 10
+    assert p.remove(bh(1)) == 10 and p.remove(bh(1)) is None
 
 
 def test_arc_parked_t1_block_touched_while_pinned_returns_to_t2() -> None:
     p = ARCPolicy(capacity=8)
-    _fill(p.t1, [1, 0, 0])  # bh(0) pinned
-    assert [h for h, _ in p.evict(1, ()) or []] == [bh(1)]
+    p.busy = busy = {bh(0): 1}  # pinned
+    p.insert([bh(0), bh(1), bh(2)], [0, 1, 2])
+    assert p.evict(1, ()) == [(bh(1), 1)]
     assert list(p.t1.parked) == [bh(0)]
     p.touch([bh(0)])  # a second use while parked: T2's now
     assert bh(0) in p.t2 and bh(0) not in p.t1
-    p.t2[bh(0)].ref_cnt = 0
+    assert p.get(bh(0)) == 0  # handle 0 is found (not mistaken for a miss)
+    del busy[bh(0)]
     p.released([bh(0)])
     assert list(p.t2.order) == [bh(0)] and not p.t2.parked

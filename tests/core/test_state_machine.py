@@ -53,9 +53,10 @@ class ManagerMachine(RuleBasedStateMachine):
         return state
 
     def _actual_state(self) -> dict[BlockHash, tuple[int, int]]:
+        get_block = self.mgr.get_block
         return {
-            h: (b.ref_cnt, b.block_id)  # type: ignore[attr-defined]
-            for h, b in self.mgr.policy.ordered_items()
+            h: (get_block(h).ref_cnt, handle)  # type: ignore[union-attr]
+            for h, handle in self.mgr.policy.ordered_items()
         }
 
     # -- rules ------------------------------------------------------------

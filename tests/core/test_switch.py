@@ -14,14 +14,12 @@ from kvoffload import (
 )
 from kvoffload.policies import available_policies
 
-from .fakes import bh, bhs, manager_state, resident, store
+from .fakes import bh, bhs, manager_state, ref_cnt, resident, store
 
 
-def _blocks(m: PolicyOffloadingManager) -> dict[bytes, tuple[int, int, int]]:
-    return {
-        h: (b.ref_cnt, b.block_id, id(b))  # type: ignore[attr-defined]
-        for h, b in m.policy.ordered_items()
-    }
+def _blocks(m: PolicyOffloadingManager) -> dict[bytes, tuple[int | None, int]]:
+    """Each resident block's reference count and block id (its handle)."""
+    return {h: (ref_cnt(m, h), handle) for h, handle in m.policy.ordered_items()}
 
 
 def _monotonic(before: ManagerCounters, after: ManagerCounters) -> None:

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvoffload.abstract import BlockHash
-from kvoffload.backend import BlockStatus
 from kvoffload.policies.reuse import GHOST_FACTOR, ReusePolicy
 
 
@@ -18,15 +17,26 @@ def _hs(*ids: int) -> list[BlockHash]:
     return [_h(i) for i in ids]
 
 
-def _store(p: ReusePolicy, *ids: int) -> list[BlockStatus]:
-    """insert + complete, as the manager does (in flight, then released)."""
+def _policy(capacity: int) -> tuple[ReusePolicy, dict[BlockHash, int]]:
+    """A policy and the busy table a manager would keep for it."""
+    p = ReusePolicy(capacity)
+    busy: dict[BlockHash, int] = {}
+    p.busy = busy
+    return p, busy
+
+
+def _store(p: ReusePolicy, *ids: int) -> list[object]:
+    """insert + complete, as the manager does (in flight, then stored)."""
     hashes = _hs(*ids)
-    blocks = [BlockStatus() for _ in ids]
-    p.insert(hashes, blocks)
-    for b in blocks:
-        b.ref_cnt = 0
-    p.released(hashes)
-    return blocks
+    handles = [object() for _ in ids]
+    busy = p.busy
+    assert isinstance(busy, dict)
+    busy.update(dict.fromkeys(hashes, -1))
+    p.insert(hashes, handles)
+    for h in hashes:
+        del busy[h]
+    p.stored(hashes)
+    return handles
 
 
 def _victims(p: ReusePolicy, n: int, protected: tuple[BlockHash, ...] = ()) -> list[BlockHash]:
@@ -36,7 +46,7 @@ def _victims(p: ReusePolicy, n: int, protected: tuple[BlockHash, ...] = ()) -> l
 
 
 def test_reuse_evicts_a_chains_tail_before_its_head() -> None:
-    p = ReusePolicy(8)
+    p, _ = _policy(8)
     _store(p, 1, 2, 3, 4)
     assert _victims(p, 2) == _hs(4, 3)
     assert _h(1) in p and _h(2) in p
@@ -97,21 +107,21 @@ def test_reuse_learns_to_admit_never_reused_tails_last() -> None:
 
 
 def test_reuse_parks_busy_blocks_until_released() -> None:
-    p = ReusePolicy(4)
-    blocks = _store(p, 1, 2, 3)
-    blocks[2].ref_cnt = 1  # 3 pinned by a load
+    p, busy = _policy(4)
+    _store(p, 1, 2, 3)
+    busy[_h(3)] = 1  # 3 pinned by a load
     assert _victims(p, 1) == _hs(2)
     assert p.list_sizes()["parked"] == 1
     assert p.evict(3, set()) is None  # 1 and the parked 3 are not enough
     assert _h(1) in p and _h(3) in p
-    blocks[2].ref_cnt = 0
+    del busy[_h(3)]
     p.released(_hs(3))
     assert p.list_sizes()["parked"] == 0
     assert _victims(p, 2) == _hs(1, 3)  # 3 was in use most recently
 
 
 def test_reuse_failed_evict_changes_nothing() -> None:
-    p = ReusePolicy(8)
+    p, _ = _policy(8)
     _store(p, 1, 2, 3, 4)
     p.touch(_hs(3))
     before = list(p.ordered_items())
@@ -121,10 +131,10 @@ def test_reuse_failed_evict_changes_nothing() -> None:
 
 
 def test_reuse_ordered_items_round_trips_through_seed() -> None:
-    p = ReusePolicy(8)
+    p, _ = _policy(8)
     _store(p, 1, 2, 3)
     p.touch(_hs(2))
-    q = ReusePolicy(8)
+    q, _ = _policy(8)
     q.seed(p.ordered_items())
     assert [h for h, _ in q.ordered_items()] == [h for h, _ in p.ordered_items()]
     assert _victims(q, 1) == [next(iter(p.ordered_items()))[0]]
@@ -149,8 +159,8 @@ def test_reuse_keeps_the_seam_contract_under_any_call_sequence(
     calls: list[tuple[object, ...]],
 ) -> None:
     capacity = 12
-    p = ReusePolicy(capacity)
-    model: dict[BlockHash, BlockStatus] = {}
+    p, busy = _policy(capacity)
+    model: dict[BlockHash, object] = {}
     for call in calls:
         kind = call[0]
         if kind == "store":
@@ -162,18 +172,18 @@ def test_reuse_keeps_the_seam_contract_under_any_call_sequence(
             p.touch(_hs(*call[1]))  # type: ignore[misc]
         elif kind in ("pin", "unpin") and _h(call[1]) in model:  # type: ignore[arg-type]
             h = _h(call[1])  # type: ignore[arg-type]
-            b = model[h]
             if kind == "pin":
-                b.ref_cnt += 1
-            elif b.ref_cnt > 0:
-                b.ref_cnt -= 1
-                if b.ref_cnt == 0:
+                busy[h] = busy.get(h, 0) + 1
+            elif busy.get(h, 0) > 0:
+                busy[h] -= 1
+                if busy[h] == 0:
+                    del busy[h]
                     p.released([h])
         elif kind == "evict":
             n, named = call[1], set(_hs(*call[2]))  # type: ignore[misc]
             before = sorted(h for h, _ in p.ordered_items())
             out = p.evict(n, named)  # type: ignore[arg-type]
-            evictable = [h for h, b in model.items() if b.ref_cnt == 0 and h not in named]
+            evictable = [h for h in model if h not in busy and h not in named]
             if out is None:
                 assert len(evictable) < n
                 assert sorted(h for h, _ in p.ordered_items()) == before
@@ -184,6 +194,7 @@ def test_reuse_keeps_the_seam_contract_under_any_call_sequence(
         elif kind == "remove":
             h = _h(call[1])  # type: ignore[arg-type]
             assert p.remove(h) is model.pop(h, None)
+            busy.pop(h, None)
         assert len(p) == len(model)
         assert sorted(h for h, _ in p.ordered_items()) == sorted(model)
         assert all(p.get(h) is b for h, b in model.items())
