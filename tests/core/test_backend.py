@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pytest
 
-from kvoffload import BlockStateError, BlockStatus, ConfigError, CPUBackend, GPULoadStoreSpec
+from kvoffload import (
+    Backend,
+    BlockHash,
+    BlockStateError,
+    BlockStatus,
+    ConfigError,
+    CPUBackend,
+    GPULoadStoreSpec,
+    PolicyOffloadingManager,
+)
 from kvoffload.backends.cpu import CPUBlockStatus
 from kvoffload.mediums import CPULoadStoreSpec
 
-from .fakes import bhs, ids_of
+from .fakes import bh, bhs, ids_of
 
 
 def _ids(blocks: list[BlockStatus]) -> list[int]:
@@ -118,3 +129,54 @@ def test_spec_from_an_id_list_builds_the_same_array_on_first_use() -> None:
     assert spec.block_ids is spec.block_ids  # built once
     assert repr(spec) == repr(CPULoadStoreSpec([5, 0, 7]))
     assert CPUBackend(16, 3).get_load_store_spec([], []).block_ids.shape == (0,)
+
+
+class _SlotStatus(BlockStatus):
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        super().__init__()
+        self.slot = slot
+
+
+class _VllmStyleBackend(Backend):
+    """A backend written against vLLM's interface only: BlockStatus objects
+    in and out, no handle methods of its own."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(block_size=16, medium="CPU")
+        self.free_slots = list(range(num_blocks))[::-1]
+
+    def get_num_free_blocks(self) -> int:
+        return len(self.free_slots)
+
+    def allocate_blocks(self, block_hashes: list[BlockHash]) -> list[BlockStatus]:
+        return [_SlotStatus(self.free_slots.pop()) for _ in block_hashes]
+
+    def free(self, block: BlockStatus) -> None:
+        assert isinstance(block, _SlotStatus)
+        self.free_slots.append(block.slot)
+
+    def get_load_store_spec(
+        self, block_hashes: Iterable[BlockHash], blocks: Iterable[BlockStatus]
+    ) -> CPULoadStoreSpec:
+        return CPULoadStoreSpec([b.slot for b in blocks])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_vllm_style_backend_works_through_the_default_handles(policy: str) -> None:
+    backend = _VllmStyleBackend(3)
+    m = PolicyOffloadingManager(backend, policy=policy)
+    out = m.prepare_store(bhs(1, 2, 3))
+    assert out is not None and ids_of(out.store_spec) == [0, 1, 2]
+    m.complete_store(bhs(1, 2, 3))
+    assert ids_of(m.prepare_load(bhs(2))) == [1]
+    status = m.get_block(bh(2))
+    assert isinstance(status, _SlotStatus) and (status.slot, status.ref_cnt) == (1, 1)
+    out = m.prepare_store(bhs(4))  # evicts 1 (2 is pinned), frees its slot
+    assert out is not None and out.block_hashes_evicted == bhs(1)
+    assert ids_of(out.store_spec) == [0]
+    m.complete_store(bhs(4), success=False)  # the failed store's slot comes back
+    assert backend.free_slots == [0]
+    m.complete_load(bhs(2))
+    assert m.get_block(bh(2)).ref_cnt == 0  # type: ignore[union-attr]
