@@ -7,9 +7,10 @@ shrinks it by ``max(1, |B1|/|B2|)``. Eviction takes T1's oldest evictable
 block while ``len(T1) >= int(target_t1_size)``, else T2's, falling back to
 the other list when the preferred one has nothing evictable.
 
-T1 and T2 are :class:`~kvoffload.policies.recency.RecencyList` s: a busy
+T1 and T2 are :class:`~kvoffload.policies.recency.RecencyList` s: a pinned
 block an eviction passes is parked at its list's recent end until released
-(a parked T1 block that is touched while pinned moves to T2's).
+(a parked T1 block that is touched while pinned moves to T2's); a block
+whose store is in flight moves to its list's recent end.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from kvoffload.policies.recency import RecencyList, Taken
 class LRUPolicy(EvictionPolicy):
     """One list in recency order; the least recently used evictable block goes.
 
-    A pinned or in-flight block that an eviction passes is parked until the
-    manager reports it released; it then comes back as the most recently
-    used (it was in use until then). See :mod:`kvoffload.policies.recency`.
+    A pinned block that an eviction passes is parked until the manager
+    reports it released; it then comes back as the most recently used (it
+    was in use until then). See :mod:`kvoffload.policies.recency`.
     """
 
     name = "lru"

@@ -23,7 +23,7 @@ from operator import itemgetter, not_
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 
-#: ``(hash, block)``, as ``OrderedDict.popitem`` returns it
+#: ``(hash, handle)``, as ``OrderedDict.popitem`` returns it
 Entry = tuple[BlockHash, Handle]
 
 _HASH = itemgetter(0)
@@ -57,7 +57,7 @@ class RecencyList(Mapping[BlockHash, Handle]):
     def __init__(self) -> None:
         #: blocks not known to be busy, least recently used first
         self.order: OrderedDict[BlockHash, Handle] = OrderedDict()
-        #: busy blocks an eviction passed, waiting for :meth:`release`
+        #: pinned blocks an eviction passed, waiting for :meth:`release`
         self.parked: dict[BlockHash, Handle] = {}
 
     # -- Mapping ----------------------------------------------------------
@@ -122,10 +122,9 @@ class RecencyList(Mapping[BlockHash, Handle]):
             taken.seen += batch
             if busy and not busy.keys().isdisjoint(map(_HASH, batch)):
                 refs = list(map(busy.get, map(_HASH, batch), repeat(0)))
-                if any(refs):
-                    taken.pinned += compress(batch, map(_POSITIVE, refs))
-                    taken.in_flight += compress(batch, map(_NEGATIVE, refs))
-                    batch = list(compress(batch, map(not_, refs)))
+                taken.pinned += compress(batch, map(_POSITIVE, refs))
+                taken.in_flight += compress(batch, map(_NEGATIVE, refs))
+                batch = list(compress(batch, map(not_, refs)))
             named = list(map(contains, map(_HASH, batch)))
             if any(named):
                 taken.skipped += compress(batch, named)
