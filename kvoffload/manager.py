@@ -149,11 +149,15 @@ class PolicyOffloadingManager(OffloadingManager):
         get = self._policy.get_idle
         hit = 0
         if self._refs:
-            # a busy block is resident: ready if pinned, not if in flight
+            # A busy block is resident: ready if pinned, not if in flight.
+            # get_idle may miss a pinned block, never an idle one.
             refs = self._refs.get
+            in_flight = self._in_flight
             for h in hashes:
-                r = refs(h, 0)
-                if r < 0 or (not r and get(h) is None):
+                if get(h) is None:
+                    if refs(h, 0) <= 0:
+                        break
+                elif in_flight and refs(h, 0) < 0:
                     break
                 hit += 1
         else:
