@@ -355,32 +355,31 @@ def main() -> int:
             f"{sum(map(len, requests))} block accesses"
         )
 
-    print(f"\n== throughput: block ops/s (best of {repeats}); bare = OrderedDict LRU loop")
-    print(
-        f"{'trace':<13}{'cap':>5}{'blocks':>8} {'policy':<7}{'ops/s':>9}{'bare':>10}"
-        f"{'ratio':>7}{'hit':>8}{'bare hit':>9}"
-    )
-    for name, requests, unique in loaded:
-        for row in throughput(name, requests, unique, repeats):
-            print(row, flush=True)
-
-    print("\n== pinned-heavy: half the resident blocks pinned by loads in flight")
-    print(
-        f"{'trace':<13}{'cap':>5}{'blocks':>8} {'policy':<7}{'pinned':>8}{'plain':>9}"
-        f"{'pinned':>9}{'ratio':>7}{'hit':>8}{'hit pin':>8}{'st/op':>8}{'st/op p':>8}"
-    )
-    for name, requests, unique in loaded:
-        for row in pinned_heavy(name, requests, unique, repeats):
-            print(row, flush=True)
-
-    print("\n== pinned-idle: as many blocks again, pinned, that the trace never uses")
-    print(
-        f"{'trace':<13}{'cap':>5}{'blocks':>8} {'policy':<7}{'pinned':>8}{'plain':>9}"
-        f"{'pinned':>9}{'ratio':>7}{'hit':>8}{'hit pin':>8}"
-    )
-    for name, requests, unique in loaded:
-        for row in pinned_idle(name, requests, unique, repeats):
-            print(row, flush=True)
+    columns = f"{'trace':<13}{'cap':>5}{'blocks':>8} {'policy':<7}"
+    tables: list[tuple[str, str, Callable[[str, list[Request], int, int], list[str]]]] = [
+        (
+            f"throughput: block ops/s (best of {repeats}); bare = OrderedDict LRU loop",
+            f"{'ops/s':>9}{'bare':>10}{'ratio':>7}{'hit':>8}{'bare hit':>9}",
+            throughput,
+        ),
+        (
+            "pinned-heavy: half the resident blocks pinned by loads in flight",
+            f"{'pinned':>8}{'plain':>9}{'pinned':>9}{'ratio':>7}{'hit':>8}{'hit pin':>8}"
+            f"{'st/op':>8}{'st/op p':>8}",
+            pinned_heavy,
+        ),
+        (
+            "pinned-idle: as many blocks again, pinned, that the trace never uses",
+            f"{'pinned':>8}{'plain':>9}{'pinned':>9}{'ratio':>7}{'hit':>8}{'hit pin':>8}",
+            pinned_idle,
+        ),
+    ]
+    for title, header, table in tables:
+        print(f"\n== {title}")
+        print(columns + header)
+        for name, requests, unique in loaded:
+            for row in table(name, requests, unique, repeats):
+                print(row, flush=True)
 
     resident = 50_000 if args.quick else 500_000
     print("\n== memory: the manager's own bytes per resident block (tracemalloc)")
