@@ -1,0 +1,78 @@
+"""Every benchmark still runs, in its smallest setting, and prints its tables.
+
+Benchmarks are not run by anything else in CI, so an API change can break
+one silently (a manager refactor once did). Nothing here looks at a timing:
+only that each script finishes and prints the rows it promises.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO.parent / "shared" / "data" / "traces"
+
+
+def run_bench(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def traces() -> None:
+    if not (TRACES / "mooncake_conversation_trace.jsonl").is_file():
+        pytest.skip("shared traces not present")
+
+
+@pytest.mark.usefixtures("traces")
+def test_bench_managers_prints_every_table() -> None:
+    out = run_bench("bench/managers.py", "--quick")
+    for title in ("== throughput", "== pinned-heavy", "== pinned-idle", "== memory"):
+        assert title in out
+    rows = [line.split() for line in out.splitlines()]
+    for policy in ("lru", "arc"):
+        # 2 traces x 4 capacities in each of the three timed tables
+        assert sum(1 for r in rows if len(r) > 4 and r[3] == policy) == 3 * 2 * 4
+        assert any(r and r[0] == policy and float(r[2]) > 0 for r in rows)  # memory row
+
+
+@pytest.mark.usefixtures("traces")
+def test_bench_runtime_replays_without_verify_failures() -> None:
+    out = run_bench("bench/runtime.py", "--quick")
+    rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r}
+    for policy in ("lru", "arc"):
+        assert policy in rows and rows[policy][-1] == "0"  # verify fail column
+
+
+def test_bench_transfer_reports_ratios() -> None:
+    out = run_bench("bench/transfer.py", "--quick", "--block-kib", "16", "--blocks", "64")
+    assert "16Ki     64 contig" in out and "16Ki     64 random" in out
+    assert "ratio to contiguous copy" in out
+
+
+@pytest.mark.usefixtures("traces")
+def test_bench_overhead_reports_the_paired_ratio() -> None:
+    out = run_bench("bench/overhead.py", "--requests", "100", "--repeats", "2")
+    assert "overhead ratio (on/off throughput" in out
+
+
+def test_bench_policies_compares_with_belady() -> None:
+    out = run_bench("bench/policies.py", "--only", "gen-scan-heavy-s2")
+    rows = [line.split() for line in out.splitlines() if line.startswith("gen-scan-heavy-s2")]
+    assert [r[1] for r in rows] == ["1%", "5%", "10%", "25%"]
+    for r in rows:
+        lru, arc, reuse, belady = map(float, r[2:6])
+        assert max(lru, arc, reuse) <= belady  # the offline optimum bounds them all
+
+
+def test_bench_api_has_its_options() -> None:
+    # The full run starts the service for half a minute; its options at least
+    # must parse (the service itself is covered by tests/app).
+    assert "--quick" in run_bench("bench/api.py", "--help")
