@@ -66,9 +66,11 @@ class RecencyList(Mapping[BlockHash, Handle]):
         b = self.order.get(block_hash)
         return b if b is not None else self.parked[block_hash]
 
-    def get(self, block_hash: BlockHash, default: None = None) -> Handle | None:  # type: ignore[override]
+    def get(self, block_hash: BlockHash, default: Handle = None) -> Handle:
         b = self.order.get(block_hash)
-        return b if b is not None or not self.parked else self.parked.get(block_hash)
+        if b is None and self.parked:
+            b = self.parked.get(block_hash)
+        return default if b is None else b
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.order or block_hash in self.parked

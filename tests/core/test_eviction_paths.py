@@ -5,6 +5,7 @@ eviction changes nothing; on random states, for LRU and ARC."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,3 +160,18 @@ def test_arc_parked_t1_block_touched_while_pinned_returns_to_t2() -> None:
     del busy[bh(0)]
     p.released([bh(0)])
     assert list(p.t2.order) == [bh(0)] and not p.t2.parked
+
+
+def test_recency_list_is_a_mapping_in_eviction_order() -> None:
+    lst = RecencyList()
+    busy: dict[bytes, int] = {bh(0): 1}
+    _fill(lst, [1, 0, 0], busy)  # handles 0, 1, 2; bh(0) pinned
+    taken = Taken()
+    assert lst.take(1, (), busy, taken) == [(bh(1), 1)]
+    lst.commit(taken)  # bh(0) parked: last in eviction order
+    assert list(lst) == [bh(2), bh(0)] and len(lst) == 2
+    assert lst[bh(0)] == 0 and lst.get(bh(0)) == 0  # handle 0 is a value, not a miss
+    assert lst.get(bh(9)) is None and lst.get(bh(9), -1) == -1
+    assert dict(lst.items()) == {bh(2): 2, bh(0): 0}
+    with pytest.raises(KeyError):
+        lst[bh(9)]
