@@ -1,0 +1,219 @@
+"""ARC adapted to KV prefix chains ("kvarc").
+
+ARC's two lists and adaptive split, changed where KV workloads differ from
+the page caches ARC was designed for:
+
+* **Ghosts readmit to T2.** A block stored again while its hash is still
+  remembered (it was evicted, then asked for) goes to T2, the list of
+  blocks proven useful, and moves the T1 target as ARC's ghost hits do
+  (a B1 ghost grows T1's share by ``max(1, |B2|/|B1|)``, a B2 ghost shrinks
+  it). vLLM's ARC puts every stored block in T1, so a chain that comes back
+  after eviction is treated as new again.
+* **Long memory.** Each ghost list remembers ``GHOST_FACTOR`` (4) times the
+  capacity, oldest forgotten first: KV prefixes come back at distances of
+  several cache sizes (a document asked about again, a conversation
+  resumed), beyond ARC's usual one capacity.
+* **Chains filed tail first.** A stored chain enters T1 with its head most
+  recent, so its tail goes first: a block whose parent is evicted cannot be
+  part of a prefix hit, while a head without its tail still can.
+* **The tail of a prompt is admitted cold.** The last block of a store call
+  is usually partial; the next prompt extends it into a different block, so
+  it is almost never read again. It enters at T1's cold end.
+* The T1 target starts at half the capacity (no evidence either way), and
+  ghost hits are counted when a block is stored again, not when touched,
+  once per store call: cheaper, and the same signal in an engine that
+  stores what it misses.
+
+What it assumes, and when it loses: one ``prepare_store`` call stores the
+missing tail of one prompt (the replay and the runtime do); if an engine
+stores in other chunks, "the tail" is just the last block of a chunk and
+admitting it cold costs a little. A workload whose blocks are each used
+once gains nothing (T2 stays empty, it behaves like LRU with a cold tail).
+The ghost lists cost memory: up to ``2 x GHOST_FACTOR x capacity`` hashes
+beyond the resident blocks (about 100 bytes each). It is not registered:
+it runs at about half LRU's block operations per second, like ARC (issue 8
+asks 0.7x); ``docs/policies.md`` has the measurements.
+
+Throughput: touch, absent, insert and eviction run on C-level filters and
+batched dict operations; the one per-block Python step is for the T1 hits
+of a touch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Container, Iterable, Iterator, Sequence
+from itertools import compress, filterfalse, repeat
+from operator import itemgetter, not_
+
+from kvoffload.abstract import BlockHash
+from kvoffload.backend import Handle
+from kvoffload.policies.base import EvictionPolicy, Victim
+from kvoffload.policies.recency import RecencyList, Taken
+
+#: ghosts remembered, in multiples of the capacity
+GHOST_FACTOR = 4
+
+_HASH = itemgetter(0)
+
+
+class KVARCPolicy(EvictionPolicy):
+    """ARC with ghost readmission to T2, long ghost memory, chains filed
+    tail first and prompt tails admitted cold (see the module doc)."""
+
+    name = "kvarc"
+    list_names = ("t1", "t2", "b1", "b2")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.t1 = RecencyList()
+        self.t2 = RecencyList()
+        #: hashes evicted from T1 / T2, oldest first
+        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.target_t1_size: float = capacity / 2
+        self.ghost_hits = {"b1": 0, "b2": 0}
+        self.evictions = {"t1": 0, "t2": 0}
+
+    # -- lookups ---------------------------------------------------------------
+
+    def get(self, block_hash: BlockHash) -> Handle | None:
+        b = self.t1.order.get(block_hash)
+        if b is None:
+            b = self.t2.order.get(block_hash)
+            if b is None and (self.t1.parked or self.t2.parked):
+                b = self.t1.parked.get(block_hash)
+                if b is None:
+                    b = self.t2.parked.get(block_hash)
+        return b
+
+    get_idle = get
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self.t1 or block_hash in self.t2
+
+    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
+        missing = filterfalse(self.t2.order.__contains__, block_hashes)
+        missing = filterfalse(self.t1.order.__contains__, missing)
+        for parked in (self.t1.parked, self.t2.parked):
+            if parked:
+                missing = filterfalse(parked.__contains__, missing)
+        return list(missing)
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    # -- changes -----------------------------------------------------------------
+
+    def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
+        if not block_hashes:
+            return
+        t1 = self.t1.order
+        b1, b2 = self.b1, self.b2
+        # head most recent: the chain's tail is evicted first
+        chain = list(zip(reversed(block_hashes), reversed(blocks), strict=True))
+        hit1 = list(filter(b1.__contains__, block_hashes)) if b1 else []
+        hit2 = list(filter(b2.__contains__, block_hashes)) if b2 else []
+        if hit1 or hit2:
+            # Wanted again after eviction: proven useful, so T2. And ARC's
+            # adaptation, once for the batch: a T1 ghost says T1 was too
+            # small (its target grows by max(1, |B2|/|B1|) per ghost), a T2
+            # ghost the reverse.
+            step1 = max(1.0, len(b2) / len(b1)) * len(hit1) if hit1 else 0.0
+            step2 = max(1.0, len(b1) / len(b2)) * len(hit2) if hit2 else 0.0
+            target = self.target_t1_size + step1 - step2
+            self.target_t1_size = min(float(self.capacity), max(0.0, target))
+            self.ghost_hits["b1"] += len(hit1)
+            self.ghost_hits["b2"] += len(hit2)
+            deque(map(b1.__delitem__, hit1), 0)
+            deque(map(b2.__delitem__, hit2), 0)
+            revived = list(map(set(hit1 + hit2).__contains__, map(_HASH, chain)))
+            self.t2.order.update(compress(chain, revived))
+            t1.update(compress(chain, map(not_, revived)))
+        else:
+            t1.update(chain)
+        tail = block_hashes[-1]
+        if tail in t1:
+            t1.move_to_end(tail, last=False)
+
+    def remove(self, block_hash: BlockHash) -> Handle | None:
+        b = self.t1.remove(block_hash)
+        return b if b is not None else self.t2.remove(block_hash)
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        rev = block_hashes[::-1]
+        t1, t2 = self.t1, self.t2
+        o1, o2 = t1.order, t2.order
+        busy = self.busy
+        # a T1 block used again moves to T2, unless its store is in flight
+        # (the engine touches right after prepare_store: not a second use)
+        for h in filter(o1.__contains__, rev):
+            if busy.get(h, 0) < 0:
+                o1.move_to_end(h)
+            else:
+                o2[h] = o1.pop(h)
+        p1 = t1.parked
+        if p1:  # pinned by a load and used again: T2's when released
+            for h in filter(p1.__contains__, rev):
+                t2.parked[h] = p1.pop(h)
+        # one C-level pass puts T2's hits in the request's order, head last
+        deque(map(o2.move_to_end, filter(o2.__contains__, rev)), 0)
+
+    def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
+        t1, t2, busy = self.t1, self.t2, self.busy
+        n1, n2 = len(t1.order), len(t2.order)
+        if n > n1 + n2:  # parked blocks are all busy
+            return None
+        parked1 = len(t1.parked)
+        if len(busy) == parked1 + len(t2.parked):
+            busy = {}  # the busy blocks are all parked: the scans need not look
+        # T1 down to its target once the n blocks being stored join it,
+        # then T2, then T1 again
+        first = min(n, max(0, int(n1 + parked1 + n - self.target_t1_size)))
+        taken1, taken2 = Taken(), Taken()
+        v1 = t1.take(first, protected, busy, taken1)
+        v2 = t2.take(n - len(v1), protected, busy, taken2) if len(v1) < n else []
+        if len(v1) + len(v2) < n:
+            v1 += t1.take(n - len(v1) - len(v2), protected, busy, taken1)
+            if len(v1) + len(v2) < n:
+                t1.rollback(taken1)
+                t2.rollback(taken2)
+                return None
+        t1.commit(taken1)
+        t2.commit(taken2)
+        bound = GHOST_FACTOR * self.capacity
+        for ghosts, victims in ((self.b1, v1), (self.b2, v2)):
+            if victims:
+                ghosts.update(dict.fromkeys(map(_HASH, victims)))
+                if len(ghosts) > bound:
+                    deque(map(ghosts.popitem, repeat(False, len(ghosts) - bound)), 0)
+        self.evictions["t1"] += len(v1)
+        self.evictions["t2"] += len(v2)
+        return v1 + v2 if v2 else v1
+
+    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
+        return  # blocks in flight are never parked (RecencyList moves them)
+
+    def released(self, block_hashes: Sequence[BlockHash]) -> None:
+        self.t1.release(block_hashes)
+        self.t2.release(block_hashes)
+
+    # -- switching and stats --------------------------------------------------
+
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
+        return iter([*self.t1.entries(), *self.t2.entries()])
+
+    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
+        # Another policy's order seeds T1: no block has a proven second use
+        # yet from this policy's point of view; ghosts start empty.
+        self.t1.order.update(items)
+
+    def list_sizes(self) -> dict[str, int]:
+        return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}
+
+    def params(self) -> dict[str, float]:
+        return {"target_t1_size": float(self.target_t1_size)}
+
+    def clear_ghosts(self) -> None:
+        self.b1.clear()
+        self.b2.clear()

@@ -1,0 +1,181 @@
+"""What is specific to the experimental ``kvarc`` policy (not registered)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvoffload.policies as policies
+from kvoffload import CPUBackend, PolicyOffloadingManager
+from kvoffload.abstract import BlockHash
+from kvoffload.policies.kvarc import GHOST_FACTOR, KVARCPolicy
+
+
+def _h(i: int) -> BlockHash:
+    return BlockHash(b"h%d" % i)
+
+
+def _hs(*ids: int) -> list[BlockHash]:
+    return [_h(i) for i in ids]
+
+
+def _policy(capacity: int) -> tuple[KVARCPolicy, dict[BlockHash, int]]:
+    """A policy and the busy table a manager would keep for it."""
+    p = KVARCPolicy(capacity)
+    busy: dict[BlockHash, int] = {}
+    p.busy = busy
+    return p, busy
+
+
+def _store(p: KVARCPolicy, *ids: int) -> None:
+    """insert + complete, as the manager does (in flight, then stored)."""
+    hashes = _hs(*ids)
+    busy = p.busy
+    assert isinstance(busy, dict)
+    busy.update(dict.fromkeys(hashes, -1))
+    p.insert(hashes, ids)
+    for h in hashes:
+        del busy[h]
+    p.stored(hashes)
+
+
+def _evict(p: KVARCPolicy, n: int, protected: tuple[BlockHash, ...] = ()) -> list[BlockHash]:
+    out = p.evict(n, set(protected))
+    assert out is not None
+    return [h for h, _ in out]
+
+
+def test_kvarc_files_a_chain_tail_first_and_its_tail_cold() -> None:
+    p, _ = _policy(8)
+    _store(p, 9)
+    _store(p, 1, 2, 3)  # 3 is the prompt's tail
+    # tail before the older block 9, then the chain from its end to its head
+    assert list(p.t1) == _hs(3, 9, 2, 1)
+    assert _evict(p, 2) == _hs(3, 9)
+
+
+def test_kvarc_readmits_ghosts_to_t2_and_adapts_like_arc() -> None:
+    p, _ = _policy(4)
+    _store(p, 1, 2)
+    assert p.target_t1_size == 2.0  # half the capacity: no evidence yet
+    assert _evict(p, 2) == _hs(2, 1)
+    assert list(p.b1) == _hs(2, 1)
+    _store(p, 1, 2, 3)  # 1 and 2 come back: wanted again after eviction
+    assert list(p.t2) == _hs(2, 1) and list(p.t1) == _hs(3)
+    assert p.ghost_hits == {"b1": 2, "b2": 0} and not p.b1
+    assert p.target_t1_size == 4.0  # grew by max(1, |B2|/|B1|) per ghost, capped
+    # a ghost of T2 coming back shrinks T1's share
+    p.target_t1_size = 0.0
+    assert _evict(p, 3) == _hs(3, 2, 1)  # T1 first (above its target), then T2
+    assert list(p.b2) == _hs(2, 1)
+    p.target_t1_size = 3.0
+    _store(p, 2)
+    assert p.target_t1_size == 2.0 and p.ghost_hits["b2"] == 1
+    assert p.list_sizes() == {"t1": 0, "t2": 1, "b1": 1, "b2": 1}
+
+
+def test_kvarc_touch_promotes_ready_t1_blocks_in_request_order() -> None:
+    p, busy = _policy(8)
+    _store(p, 1, 2)
+    _store(p, 5)
+    busy[_h(6)] = -1
+    p.insert(_hs(6), [6])  # store in flight: touched right away, not a reuse
+    p.touch(_hs(1, 2, 5, 6))
+    assert list(p.t2) == _hs(5, 2, 1)  # the head ends most recent
+    assert list(p.t1) == _hs(6)
+
+
+def test_kvarc_ghost_lists_are_bounded() -> None:
+    p, _ = _policy(2)
+    for i in range(0, 40, 2):
+        _store(p, i, i + 1)
+        _evict(p, 2)
+    assert len(p.b1) == GHOST_FACTOR * 2
+    p.clear_ghosts()
+    assert p.list_sizes()["b1"] == 0
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("store"), st.lists(st.integers(0, 40), min_size=1, max_size=6)),
+        st.tuples(st.just("touch"), st.lists(st.integers(0, 40), max_size=6)),
+        st.tuples(st.just("pin"), st.integers(0, 40)),
+        st.tuples(st.just("unpin"), st.integers(0, 40)),
+        st.tuples(st.just("evict"), st.integers(1, 5), st.lists(st.integers(0, 40), max_size=3)),
+        st.tuples(st.just("remove"), st.integers(0, 40)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_kvarc_keeps_the_seam_contract_under_any_call_sequence(
+    calls: list[tuple[object, ...]],
+) -> None:
+    capacity = 12
+    p, busy = _policy(capacity)
+    model: dict[BlockHash, int] = {}
+    for call in calls:
+        kind = call[0]
+        if kind == "store":
+            ids = [i for i in dict.fromkeys(call[1]) if _h(i) not in model]  # type: ignore[attr-defined]
+            ids = ids[: capacity - len(model)]
+            if ids:
+                _store(p, *ids)
+                model.update(zip(_hs(*ids), ids, strict=True))
+        elif kind == "touch":
+            p.touch(_hs(*call[1]))  # type: ignore[misc]
+        elif kind in ("pin", "unpin") and _h(call[1]) in model:  # type: ignore[arg-type]
+            h = _h(call[1])  # type: ignore[arg-type]
+            if kind == "pin":
+                busy[h] = busy.get(h, 0) + 1
+            elif busy.get(h, 0) > 0:
+                busy[h] -= 1
+                if busy[h] == 0:
+                    del busy[h]
+                    p.released([h])
+        elif kind == "evict":
+            n, named = call[1], set(_hs(*call[2]))  # type: ignore[misc]
+            before = sorted(h for h, _ in p.ordered_items())
+            out = p.evict(n, named)  # type: ignore[arg-type]
+            evictable = [h for h in model if h not in busy and h not in named]
+            if out is None:
+                assert len(evictable) < n
+                assert sorted(h for h, _ in p.ordered_items()) == before
+            else:
+                assert len(out) == n == len({h for h, _ in out})
+                for h, handle in out:
+                    assert h in evictable and model.pop(h) == handle
+        elif kind == "remove":
+            h = _h(call[1])  # type: ignore[arg-type]
+            assert p.remove(h) == model.pop(h, None)
+            busy.pop(h, None)
+        assert len(p) == len(model)
+        assert dict(p.ordered_items()) == model
+        assert all(p.get(h) == handle for h, handle in model.items())
+        sizes = p.list_sizes()
+        assert sizes["t1"] + sizes["t2"] == len(model)
+        assert max(sizes["b1"], sizes["b2"]) <= GHOST_FACTOR * capacity
+        assert not (set(p.b1) | set(p.b2)) & set(model)
+        assert 0.0 <= p.target_t1_size <= capacity
+
+
+def test_kvarc_runs_under_a_manager_and_switches_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+    policies.register_policy("kvarc", "kvoffload.policies.kvarc:KVARCPolicy")
+    m = PolicyOffloadingManager(CPUBackend(16, 6), policy="kvarc")
+    for chain in ([1, 2, 3], [1, 2, 4], [5, 6, 7], [1, 2, 3, 8]):
+        hashes = _hs(*chain)
+        m.touch(hashes)
+        hit = m.lookup(hashes)
+        out = m.prepare_store(hashes[hit:])
+        assert out is not None
+        m.complete_store(out.block_hashes_to_store)
+    s = m.stats()
+    assert s.policy == "kvarc" and set(s.lists) == {"t1", "t2", "b1", "b2"}
+    assert "target_t1_size" in s.params and s.used == 6
+    assert m.switch_policy("lru") == "kvarc" and len(m) == 6
+    m.switch_policy("kvarc")
+    assert len(m) == 6 and m.lookup(_hs(1, 2)) == 2
