@@ -9,10 +9,11 @@ the page caches ARC was designed for:
   (a B1 ghost grows T1's share by ``max(1, |B2|/|B1|)``, a B2 ghost shrinks
   it). vLLM's ARC puts every stored block in T1, so a chain that comes back
   after eviction is treated as new again.
-* **Long memory.** Each ghost list remembers ``GHOST_FACTOR`` (4) times the
-  capacity, oldest forgotten first: KV prefixes come back at distances of
-  several cache sizes (a document asked about again, a conversation
-  resumed), beyond ARC's usual one capacity.
+* **Long memory.** Each ghost list remembers at least ``GHOST_FACTOR`` (2)
+  times the capacity (at most twice that: it is trimmed in batches), oldest
+  forgotten first: KV prefixes come back at distances of several cache
+  sizes (a document asked about again, a conversation resumed), beyond
+  ARC's usual one capacity.
 * **Chains filed tail first.** A stored chain enters T1 with its head most
   recent, so its tail goes first: a block whose parent is evicted cannot be
   part of a prefix hit, while a head without its tail still can.
@@ -29,8 +30,8 @@ missing tail of one prompt (the replay and the runtime do); if an engine
 stores in other chunks, "the tail" is just the last block of a chunk and
 admitting it cold costs a little. A workload whose blocks are each used
 once gains nothing (T2 stays empty, it behaves like LRU with a cold tail).
-The ghost lists cost memory: up to ``2 x GHOST_FACTOR x capacity`` hashes
-beyond the resident blocks (about 100 bytes each). It is not registered:
+The ghost lists cost memory: up to ``4 x GHOST_FACTOR x capacity`` hashes
+beyond the resident blocks (a plain dict entry each, about 50 bytes). It is not registered:
 it runs at about half LRU's block operations per second, like ARC (issue 8
 asks 0.7x); ``docs/policies.md`` has the measurements.
 
@@ -41,9 +42,9 @@ of a touch.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Container, Iterable, Iterator, Sequence
-from itertools import compress, filterfalse, repeat
+from itertools import compress, filterfalse, islice
 from operator import itemgetter, not_
 
 from kvoffload.abstract import BlockHash
@@ -52,9 +53,22 @@ from kvoffload.policies.base import EvictionPolicy, Victim
 from kvoffload.policies.recency import RecencyList, Taken
 
 #: ghosts remembered, in multiples of the capacity
-GHOST_FACTOR = 4
+GHOST_FACTOR = 2
 
 _HASH = itemgetter(0)
+
+
+def _remember(
+    ghosts: dict[BlockHash, None], victims: list[Victim], bound: int
+) -> dict[BlockHash, None]:
+    """``ghosts`` with the victims' hashes added, newest last. A plain dict
+    keeps insertion order; once it holds twice ``bound`` it is rebuilt from
+    its newest ``bound`` entries (C-level, amortised O(1) per ghost, and
+    cheaper than an ``OrderedDict``'s per-entry links)."""
+    ghosts.update(dict.fromkeys(map(_HASH, victims)))
+    if len(ghosts) > 2 * bound:
+        ghosts = dict.fromkeys(islice(ghosts, len(ghosts) - bound, None))
+    return ghosts
 
 
 class KVARCPolicy(EvictionPolicy):
@@ -69,8 +83,8 @@ class KVARCPolicy(EvictionPolicy):
         self.t1 = RecencyList()
         self.t2 = RecencyList()
         #: hashes evicted from T1 / T2, oldest first
-        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
-        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.b1: dict[BlockHash, None] = {}
+        self.b2: dict[BlockHash, None] = {}
         self.target_t1_size: float = capacity / 2
         self.ghost_hits = {"b1": 0, "b2": 0}
         self.evictions = {"t1": 0, "t2": 0}
@@ -182,11 +196,10 @@ class KVARCPolicy(EvictionPolicy):
         t1.commit(taken1)
         t2.commit(taken2)
         bound = GHOST_FACTOR * self.capacity
-        for ghosts, victims in ((self.b1, v1), (self.b2, v2)):
-            if victims:
-                ghosts.update(dict.fromkeys(map(_HASH, victims)))
-                if len(ghosts) > bound:
-                    deque(map(ghosts.popitem, repeat(False, len(ghosts) - bound)), 0)
+        if v1:
+            self.b1 = _remember(self.b1, v1, bound)
+        if v2:
+            self.b2 = _remember(self.b2, v2, bound)
         self.evictions["t1"] += len(v1)
         self.evictions["t2"] += len(v2)
         return v1 + v2 if v2 else v1

@@ -86,12 +86,16 @@ def test_kvarc_touch_promotes_ready_t1_blocks_in_request_order() -> None:
     assert list(p.t1) == _hs(6)
 
 
-def test_kvarc_ghost_lists_are_bounded() -> None:
+def test_kvarc_ghost_lists_are_bounded_and_keep_the_newest() -> None:
     p, _ = _policy(2)
-    for i in range(0, 40, 2):
+    bound = GHOST_FACTOR * 2
+    sizes = []
+    for i in range(0, 80, 2):
         _store(p, i, i + 1)
         _evict(p, 2)
-    assert len(p.b1) == GHOST_FACTOR * 2
+        sizes.append(len(p.b1))
+    assert max(sizes) <= 2 * bound and min(sizes[-10:]) >= bound
+    assert list(p.b1)[-4:] == _hs(77, 76, 79, 78)  # newest last; a chain goes tail first
     p.clear_ghosts()
     assert p.list_sizes()["b1"] == 0
 
@@ -157,7 +161,7 @@ def test_kvarc_keeps_the_seam_contract_under_any_call_sequence(
         assert all(p.get(h) == handle for h, handle in model.items())
         sizes = p.list_sizes()
         assert sizes["t1"] + sizes["t2"] == len(model)
-        assert max(sizes["b1"], sizes["b2"]) <= GHOST_FACTOR * capacity
+        assert max(sizes["b1"], sizes["b2"]) <= 2 * GHOST_FACTOR * capacity
         assert not (set(p.b1) | set(p.b2)) & set(model)
         assert 0.0 <= p.target_t1_size <= capacity
 
