@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import kvoffload.policies as policies
 from kvoffload import CPUBackend, PolicyOffloadingManager
@@ -98,72 +96,6 @@ def test_kvarc_ghost_lists_are_bounded_and_keep_the_newest() -> None:
     assert list(p.b1)[-4:] == _hs(77, 76, 79, 78)  # newest last; a chain goes tail first
     p.clear_ghosts()
     assert p.list_sizes()["b1"] == 0
-
-
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("store"), st.lists(st.integers(0, 40), min_size=1, max_size=6)),
-        st.tuples(st.just("touch"), st.lists(st.integers(0, 40), max_size=6)),
-        st.tuples(st.just("pin"), st.integers(0, 40)),
-        st.tuples(st.just("unpin"), st.integers(0, 40)),
-        st.tuples(st.just("evict"), st.integers(1, 5), st.lists(st.integers(0, 40), max_size=3)),
-        st.tuples(st.just("remove"), st.integers(0, 40)),
-    ),
-    max_size=80,
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(ops)
-def test_kvarc_keeps_the_seam_contract_under_any_call_sequence(
-    calls: list[tuple[object, ...]],
-) -> None:
-    capacity = 12
-    p, busy = _policy(capacity)
-    model: dict[BlockHash, int] = {}
-    for call in calls:
-        kind = call[0]
-        if kind == "store":
-            ids = [i for i in dict.fromkeys(call[1]) if _h(i) not in model]  # type: ignore[attr-defined]
-            ids = ids[: capacity - len(model)]
-            if ids:
-                _store(p, *ids)
-                model.update(zip(_hs(*ids), ids, strict=True))
-        elif kind == "touch":
-            p.touch(_hs(*call[1]))  # type: ignore[misc]
-        elif kind in ("pin", "unpin") and _h(call[1]) in model:  # type: ignore[arg-type]
-            h = _h(call[1])  # type: ignore[arg-type]
-            if kind == "pin":
-                busy[h] = busy.get(h, 0) + 1
-            elif busy.get(h, 0) > 0:
-                busy[h] -= 1
-                if busy[h] == 0:
-                    del busy[h]
-                    p.released([h])
-        elif kind == "evict":
-            n, named = call[1], set(_hs(*call[2]))  # type: ignore[misc]
-            before = sorted(h for h, _ in p.ordered_items())
-            out = p.evict(n, named)  # type: ignore[arg-type]
-            evictable = [h for h in model if h not in busy and h not in named]
-            if out is None:
-                assert len(evictable) < n
-                assert sorted(h for h, _ in p.ordered_items()) == before
-            else:
-                assert len(out) == n == len({h for h, _ in out})
-                for h, handle in out:
-                    assert h in evictable and model.pop(h) == handle
-        elif kind == "remove":
-            h = _h(call[1])  # type: ignore[arg-type]
-            assert p.remove(h) == model.pop(h, None)
-            busy.pop(h, None)
-        assert len(p) == len(model)
-        assert dict(p.ordered_items()) == model
-        assert all(p.get(h) == handle for h, handle in model.items())
-        sizes = p.list_sizes()
-        assert sizes["t1"] + sizes["t2"] == len(model)
-        assert max(sizes["b1"], sizes["b2"]) <= 2 * GHOST_FACTOR * capacity
-        assert not (set(p.b1) | set(p.b2)) & set(model)
-        assert 0.0 <= p.target_t1_size <= capacity
 
 
 def test_kvarc_runs_under_a_manager_and_switches_live(monkeypatch: pytest.MonkeyPatch) -> None:

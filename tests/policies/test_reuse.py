@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from kvoffload.abstract import BlockHash
-from kvoffload.policies.reuse import GHOST_FACTOR, ReusePolicy
+from kvoffload.policies.reuse import ReusePolicy
 
 
 def _h(i: int) -> BlockHash:
@@ -138,66 +135,3 @@ def test_reuse_ordered_items_round_trips_through_seed() -> None:
     q.seed(p.ordered_items())
     assert [h for h, _ in q.ordered_items()] == [h for h, _ in p.ordered_items()]
     assert _victims(q, 1) == [next(iter(p.ordered_items()))[0]]
-
-
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("store"), st.lists(st.integers(0, 40), min_size=1, max_size=6)),
-        st.tuples(st.just("touch"), st.lists(st.integers(0, 40), max_size=6)),
-        st.tuples(st.just("pin"), st.integers(0, 40)),
-        st.tuples(st.just("unpin"), st.integers(0, 40)),
-        st.tuples(st.just("evict"), st.integers(1, 5), st.lists(st.integers(0, 40), max_size=3)),
-        st.tuples(st.just("remove"), st.integers(0, 40)),
-    ),
-    max_size=80,
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(ops)
-def test_reuse_keeps_the_seam_contract_under_any_call_sequence(
-    calls: list[tuple[object, ...]],
-) -> None:
-    capacity = 12
-    p, busy = _policy(capacity)
-    model: dict[BlockHash, object] = {}
-    for call in calls:
-        kind = call[0]
-        if kind == "store":
-            ids = [i for i in dict.fromkeys(call[1]) if _h(i) not in model]  # type: ignore[attr-defined]
-            ids = ids[: capacity - len(model)]
-            if ids:
-                model.update(zip(_hs(*ids), _store(p, *ids), strict=True))
-        elif kind == "touch":
-            p.touch(_hs(*call[1]))  # type: ignore[misc]
-        elif kind in ("pin", "unpin") and _h(call[1]) in model:  # type: ignore[arg-type]
-            h = _h(call[1])  # type: ignore[arg-type]
-            if kind == "pin":
-                busy[h] = busy.get(h, 0) + 1
-            elif busy.get(h, 0) > 0:
-                busy[h] -= 1
-                if busy[h] == 0:
-                    del busy[h]
-                    p.released([h])
-        elif kind == "evict":
-            n, named = call[1], set(_hs(*call[2]))  # type: ignore[misc]
-            before = sorted(h for h, _ in p.ordered_items())
-            out = p.evict(n, named)  # type: ignore[arg-type]
-            evictable = [h for h in model if h not in busy and h not in named]
-            if out is None:
-                assert len(evictable) < n
-                assert sorted(h for h, _ in p.ordered_items()) == before
-            else:
-                assert len(out) == n == len({h for h, _ in out})
-                for h, b in out:
-                    assert h in evictable and model.pop(h) is b
-        elif kind == "remove":
-            h = _h(call[1])  # type: ignore[arg-type]
-            assert p.remove(h) is model.pop(h, None)
-            busy.pop(h, None)
-        assert len(p) == len(model)
-        assert sorted(h for h, _ in p.ordered_items()) == sorted(model)
-        assert all(p.get(h) is b for h, b in model.items())
-        sizes = p.list_sizes()
-        assert sizes["new"] + sizes["reused"] == len(model)
-        assert sizes["ghost"] <= GHOST_FACTOR * capacity
