@@ -23,7 +23,7 @@ from operator import itemgetter
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victim
-from kvoffload.policies.recency import RecencyList, Taken
+from kvoffload.policies.recency import RecencyList, take_from_two
 
 _HASH = itemgetter(0)
 
@@ -135,23 +135,12 @@ class ARCPolicy(EvictionPolicy):
         # back to the other when it has nothing evictable). Every run resumes
         # where its list's previous one stopped: one pass per list for the
         # whole batch (vLLM restarts the scan for every victim).
-        t1, t2, busy = self.t1, self.t2, self.busy
-        if n > len(t1.order) + len(t2.order):  # parked blocks are all busy
-            return None
-        if len(busy) == len(t1.parked) + len(t2.parked):
-            busy = {}  # the busy blocks are all parked: the scans need not look
+        t1 = self.t1
         first = min(n, max(0, len(t1) - int(self.target_t1_size) + 1))
-        taken1, taken2 = Taken(), Taken()
-        v1 = t1.take(first, protected, busy, taken1)
-        v2 = t2.take(n - len(v1), protected, busy, taken2)
-        if len(v1) + len(v2) < n:  # fall back to T1
-            v1 += t1.take(n - len(v1) - len(v2), protected, busy, taken1)
-        if len(v1) + len(v2) < n:
-            t1.rollback(taken1)
-            t2.rollback(taken2)
+        picked = take_from_two(t1, self.t2, first, n, protected, self.busy)
+        if picked is None:
             return None
-        t1.commit(taken1)
-        t2.commit(taken2)
+        v1, v2 = picked
         cap = self.capacity
         for ghosts, victims, name in ((self.b1, v1, "t1"), (self.b2, v2, "t2")):
             if victims:

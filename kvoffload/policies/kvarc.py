@@ -50,7 +50,7 @@ from operator import itemgetter, not_
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victim
-from kvoffload.policies.recency import RecencyList, Taken
+from kvoffload.policies.recency import RecencyList, take_from_two
 
 #: ghosts remembered, in multiples of the capacity
 GHOST_FACTOR = 2
@@ -174,27 +174,13 @@ class KVARCPolicy(EvictionPolicy):
         deque(map(o2.move_to_end, filter(o2.__contains__, rev)), 0)
 
     def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
-        t1, t2, busy = self.t1, self.t2, self.busy
-        n1, n2 = len(t1.order), len(t2.order)
-        if n > n1 + n2:  # parked blocks are all busy
-            return None
-        parked1 = len(t1.parked)
-        if len(busy) == parked1 + len(t2.parked):
-            busy = {}  # the busy blocks are all parked: the scans need not look
         # T1 down to its target once the n blocks being stored join it,
         # then T2, then T1 again
-        first = min(n, max(0, int(n1 + parked1 + n - self.target_t1_size)))
-        taken1, taken2 = Taken(), Taken()
-        v1 = t1.take(first, protected, busy, taken1)
-        v2 = t2.take(n - len(v1), protected, busy, taken2) if len(v1) < n else []
-        if len(v1) + len(v2) < n:
-            v1 += t1.take(n - len(v1) - len(v2), protected, busy, taken1)
-            if len(v1) + len(v2) < n:
-                t1.rollback(taken1)
-                t2.rollback(taken2)
-                return None
-        t1.commit(taken1)
-        t2.commit(taken2)
+        first = min(n, max(0, int(len(self.t1) + n - self.target_t1_size)))
+        picked = take_from_two(self.t1, self.t2, first, n, protected, self.busy)
+        if picked is None:
+            return None
+        v1, v2 = picked
         bound = GHOST_FACTOR * self.capacity
         if v1:
             self.b1 = _remember(self.b1, v1, bound)

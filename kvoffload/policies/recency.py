@@ -151,6 +151,38 @@ class RecencyList(Mapping[BlockHash, Handle]):
             push_front(self.order, taken.seen)
 
 
+def take_from_two(
+    first_list: RecencyList,
+    second_list: RecencyList,
+    first: int,
+    n: int,
+    protected: Container[BlockHash],
+    busy: Mapping[BlockHash, int],
+) -> tuple[list[Entry], list[Entry]] | None:
+    """Evict ``n`` entries from two lists, all or nothing: up to ``first``
+    from ``first_list``, the rest from ``second_list``, then from
+    ``first_list`` again if the second ran short (ARC's T1/T2 order). Each
+    run resumes where its list's previous one stopped. Returns the victims
+    of each list, or ``None`` with both lists unchanged."""
+    a, b = first_list, second_list
+    if n > len(a.order) + len(b.order):  # parked blocks are all busy
+        return None
+    if len(busy) == len(a.parked) + len(b.parked):
+        busy = {}  # the busy blocks are all parked: the scans need not look
+    taken_a, taken_b = Taken(), Taken()
+    va = a.take(first, protected, busy, taken_a)
+    vb = b.take(n - len(va), protected, busy, taken_b) if len(va) < n else []
+    if len(va) + len(vb) < n:
+        va += a.take(n - len(va) - len(vb), protected, busy, taken_a)
+        if len(va) + len(vb) < n:
+            a.rollback(taken_a)
+            b.rollback(taken_b)
+            return None
+    a.commit(taken_a)
+    b.commit(taken_b)
+    return va, vb
+
+
 def push_front(od: OrderedDict[BlockHash, Handle], entries: list[Entry]) -> None:
     """Put ``entries`` (oldest first) back at the oldest end of ``od``."""
     to_front = od.move_to_end
@@ -159,4 +191,4 @@ def push_front(od: OrderedDict[BlockHash, Handle], entries: list[Entry]) -> None
         to_front(h, last=False)
 
 
-__all__ = ["Entry", "RecencyList", "Taken", "push_front"]
+__all__ = ["Entry", "RecencyList", "Taken", "push_front", "take_from_two"]
