@@ -103,7 +103,7 @@ def test_cli_errors_exit_2_with_one_line() -> None:
         (["replay", SYNTHETIC, "--capacity", "5%,,10%"], "empty item in capacity list"),
         (
             ["replay", SYNTHETIC, "--policy", "lfu"],
-            "unknown policy 'lfu'; valid policies: arc, lru",
+            f"unknown policy 'lfu'; valid policies: {', '.join(available_policies())}",
         ),
         (["replay", SYNTHETIC, "--limit", "0"], "argument --limit: expected a positive integer"),
         (

@@ -18,6 +18,7 @@ __all__ = ["EvictionPolicy", "Victim", "available_policies", "create_policy", "p
 _REGISTRY: dict[str, str] = {
     "lru": "kvoffload.policies.lru:LRUPolicy",
     "arc": "kvoffload.policies.arc:ARCPolicy",
+    "kvarc": "kvoffload.policies.kvarc:KVARCPolicy",
 }
 
 

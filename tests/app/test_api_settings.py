@@ -12,6 +12,7 @@ from app.engine_setup import engine_config, load_workload
 from app.flags import ENV_ONLY, build_parser, env_name, flag_name, parse_settings
 from app.main import run
 from app.settings import Settings
+from kvoffload.policies import available_policies
 from kvoffload.runtime import EngineConfig
 from kvoffload.runtime.workloads import LoopedWorkload
 
@@ -78,7 +79,7 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
     [
         (["--port", "0"], "--port / KVOFFLOAD_PORT"),
         (["--port", "http"], "--port / KVOFFLOAD_PORT"),
-        (["--policy", "fifo"], "valid policies: arc, lru"),
+        (["--policy", "fifo"], f"valid policies: {', '.join(available_policies())}"),
         (["--speed", "-1"], "--speed / KVOFFLOAD_SPEED"),
         (["--host", "0.0.0.0"], "without an admin token"),
         (["--capacity", "0"], "--capacity / KVOFFLOAD_CAPACITY"),
