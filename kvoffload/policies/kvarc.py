@@ -25,19 +25,37 @@ the page caches ARC was designed for:
   once per store call: cheaper, and the same signal in an engine that
   stores what it misses.
 
+How it covers what KV workloads have and generic caches ignore:
+
+* *prefix structure*: chains are filed tail first, so a head outlives its
+  tail (a block whose parent is gone cannot be part of a prefix hit);
+* *reuse frequency with ageing*: T2 holds blocks with a proven second use
+  (touched again, or stored again as a ghost); within each list standing
+  ages by recency, and the adaptive target moves room between once-used
+  and reused blocks as the ghost hits say which list was too small;
+* *admission*: a block seen once enters T1, whose share is bounded by the
+  target, so a flood of one-off prompts cannot push out T2; a prompt's
+  tail, the block least likely to be read again, enters at T1's cold end.
+
 What it assumes, and when it loses: one ``prepare_store`` call stores the
 missing tail of one prompt (the replay and the runtime do); if an engine
 stores in other chunks, "the tail" is just the last block of a chunk and
 admitting it cold costs a little. A workload whose blocks are each used
 once gains nothing (T2 stays empty, it behaves like LRU with a cold tail).
-The ghost lists cost memory: up to ``4 x GHOST_FACTOR x capacity`` hashes
-beyond the resident blocks (a plain dict entry each, about 50 bytes). It is not registered:
-it runs at about half LRU's block operations per second, like ARC (issue 8
-asks 0.7x); ``docs/policies.md`` has the measurements.
+Blocks that come back exactly once, after more than a capacity of other
+blocks (a long scan repeated once), are readmitted to T2 as if proven
+useful and crowd out real reuse until recency ages them out; a workload
+made of such repeats can trail LRU (none of the shared traces or the
+generator's workloads is one: ``docs/policies.md`` has every figure). The ghost lists cost memory:
+up to ``4 x GHOST_FACTOR x capacity`` hashes beyond the resident blocks (a
+plain dict entry each, about 50 bytes).
 
-Throughput: touch, absent, insert and eviction run on C-level filters and
-batched dict operations; the one per-block Python step is for the T1 hits
-of a touch.
+Throughput: about half to 0.6x LRU's block operations per second, like
+ARC (issue 8 asked 0.7x): every stored block is looked up in both ghost
+tables and every victim is added to one, and those tables are several
+times the capacity, so most of these are cache misses. Touch, absent,
+insert and eviction otherwise run on C-level filters and batched dict
+operations.
 """
 
 from __future__ import annotations
