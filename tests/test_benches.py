@@ -68,7 +68,7 @@ def test_bench_policies_compares_with_belady() -> None:
     header, *lines = out.splitlines()
     names = header.split()[2:]  # workload, cap, then one column per policy...
     policies = names[: names.index("belady")]
-    assert {"lru", "arc"} <= set(policies)
+    assert {"lru", "arc", "kvarc"} <= set(policies)
     rows = [line.split() for line in lines if line.startswith("gen-scan-heavy-s2")]
     assert [r[1] for r in rows] == ["1%", "5%", "10%", "25%"]
     for r in rows:
