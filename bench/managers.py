@@ -223,6 +223,50 @@ def throughput(name: str, requests: list[Request], unique: int, repeats: int) ->
     return rows
 
 
+def phases(name: str, requests: list[Request], unique: int, repeats: int) -> list[str]:
+    """Where a request's time goes: microseconds per request in each verb
+    (best of ``repeats``; the clock calls themselves add ~0.1 us a verb),
+    and the bare loop's whole request for scale."""
+    rows = []
+    for pct in (5, 25):
+        capacity = max(1, unique * pct // 100)
+        bare = min(_timed(replay_bare, requests, capacity).seconds for _ in range(repeats))
+        for p in available_policies():
+            best = [float("inf")] * 4
+            for _ in range(repeats):
+                gc.collect()
+                spent = _replay_phases(new_manager(p, capacity), requests)
+                best = [min(b, t) for b, t in zip(best, spent, strict=True)]
+            per_req = [1e6 * t / len(requests) for t in best]
+            rows.append(
+                f"{name:<13}{pct:>4}%{capacity:>8} {p:<7}"
+                + "".join(f"{t:>9.2f}" for t in per_req)
+                + f"{sum(per_req):>9.2f}{1e6 * bare / len(requests):>9.2f}"
+            )
+    return rows
+
+
+def _replay_phases(m: PolicyOffloadingManager, requests: Sequence[Request]) -> list[float]:
+    clock = time.perf_counter
+    touch = lookup = prepare = complete = 0.0
+    for hashes in requests:
+        t0 = clock()
+        m.touch(hashes)
+        t1 = clock()
+        n = m.lookup(hashes)
+        t2 = clock()
+        out = m.prepare_store(hashes[n:])
+        t3 = clock()
+        if out:
+            m.complete_store(out.block_hashes_to_store)
+        t4 = clock()
+        touch += t1 - t0
+        lookup += t2 - t1
+        prepare += t3 - t2
+        complete += t4 - t3
+    return [touch, lookup, prepare, complete]
+
+
 def pinned_heavy(name: str, requests: list[Request], unique: int, repeats: int) -> list[str]:
     rows = []
     half = len(requests) // 2
@@ -361,6 +405,11 @@ def main() -> int:
             f"throughput: block ops/s (best of {repeats}); bare = OrderedDict LRU loop",
             f"{'ops/s':>9}{'bare':>10}{'ratio':>7}{'hit':>8}{'bare hit':>9}",
             throughput,
+        ),
+        (
+            "phases: us per request in each verb; bare = the bare loop's whole request",
+            f"{'touch':>9}{'lookup':>9}{'prepare':>9}{'complete':>9}{'total':>9}{'bare':>9}",
+            phases,
         ),
         (
             "pinned-heavy: half the resident blocks pinned by loads in flight",

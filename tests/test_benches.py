@@ -34,12 +34,12 @@ def traces() -> None:
 @pytest.mark.usefixtures("traces")
 def test_bench_managers_prints_every_table() -> None:
     out = run_bench("bench/managers.py", "--quick")
-    for title in ("== throughput", "== pinned-heavy", "== pinned-idle", "== memory"):
+    for title in ("== throughput", "== phases", "== pinned-heavy", "== pinned-idle", "== memory"):
         assert title in out
     rows = [line.split() for line in out.splitlines()]
     for policy in ("lru", "arc"):
-        # 2 traces x 4 capacities in each of the three timed tables
-        assert sum(1 for r in rows if len(r) > 4 and r[3] == policy) == 3 * 2 * 4
+        # 2 traces x 4 capacities in each of the three ratio tables, x 2 in phases
+        assert sum(1 for r in rows if len(r) > 4 and r[3] == policy) == 3 * 2 * 4 + 2 * 2
         assert any(r and r[0] == policy and float(r[2]) > 0 for r in rows)  # memory row
 
 
