@@ -14,6 +14,8 @@ from kvoffload.event_log import EventLogStats
 
 #: outcomes of blocks named in ``prepare_store`` / ``complete_store``
 STORE_OUTCOMES = ("stored", "skipped_present", "failed", "rejected_no_room")
+#: the lists of the ARC family (``arc``, ``kvarc``): resident T1, T2; ghosts B1, B2
+ARC_LISTS = ("t1", "t2", "b1", "b2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,7 @@ class ManagerCounters:
     rejected_stores: int
     #: evicted blocks by list the victim came from (``lru``, ``t1``, ``t2``...)
     evictions: Mapping[str, int]
-    #: touches that hit a ghost list, by list (``b1``, ``b2``)
+    #: ghost-list hits, by list (``b1``, ``b2``): touches for ARC, re-stores for kvarc
     ghost_hits: Mapping[str, int]
     policy_switches: int
 
@@ -60,8 +62,16 @@ class ManagerStats:
 
     @property
     def target_t1_size(self) -> float | None:
-        """ARC's target size of T1, ``None`` for policies without one."""
+        """The ARC family's target size of T1, ``None`` for policies without one."""
         return self.params.get("target_t1_size")
+
+    @property
+    def arc_lists(self) -> dict[str, int] | None:
+        """The sizes of :data:`ARC_LISTS`, ``None`` unless the policy keeps
+        all four (``arc``, ``kvarc``)."""
+        if not all(name in self.lists for name in ARC_LISTS):
+            return None
+        return {name: self.lists[name] for name in ARC_LISTS}
 
     @property
     def hit_ratio(self) -> float:

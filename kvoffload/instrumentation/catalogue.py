@@ -143,7 +143,7 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _c(
         "kvoffload_ghost_hits_total",
-        "Touches that hit a ghost list (a recently evicted block), by ghost list.",
+        "Hits on a ghost list (a recently evicted block) by ghost list: touches for arc, re-stores for kvarc.",
         ("list",),
     ),
     _c("kvoffload_touched_blocks_total", "Blocks named by touch calls."),
@@ -184,12 +184,12 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _g(
         "kvoffload_arc_list_blocks",
-        "Entries in ARC's lists t1, t2 (resident) and b1, b2 (ghosts); present only while ARC is the policy.",
+        "Entries in the lists t1, t2 (resident) and b1, b2 (ghosts) of the ARC family; present only while arc or kvarc is the policy.",
         ("list",),
     ),
     _g(
         "kvoffload_arc_target_t1_blocks",
-        "ARC's adaptive target size of list t1, in blocks; present only while ARC is the policy.",
+        "The ARC family's adaptive target size of list t1, in blocks; present only while arc or kvarc is the policy.",
     ),
     _g(
         "kvoffload_policy_parameter",

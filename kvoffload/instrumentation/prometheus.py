@@ -246,11 +246,10 @@ class KVOffloadCollector:
             ("policy", "name"),
             [((policy, k), v) for k, v in s.params.items()],
         )
-        if policy == "arc":
+        arc_lists = s.arc_lists  # arc and kvarc
+        if arc_lists is not None:
             yield _family(
-                "kvoffload_arc_list_blocks",
-                ("list",),
-                [((k,), s.lists.get(k, 0)) for k in ("t1", "t2", "b1", "b2")],
+                "kvoffload_arc_list_blocks", ("list",), [((k,), v) for k, v in arc_lists.items()]
             )
             target = s.target_t1_size
             if target is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry
@@ -26,8 +27,9 @@ def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
     return out
 
 
-def test_bridge_reports_the_registry_values() -> None:
-    manager = make_manager("arc", capacity=8)
+@pytest.mark.parametrize("policy", ["arc", "kvarc"])
+def test_bridge_reports_the_registry_values(policy: str) -> None:
+    manager = make_manager(policy, capacity=8)
     registry = CollectorRegistry()
     KVOffloadCollector(manager.stats, registry=registry)
     PrometheusObserver(registry=registry)

@@ -17,6 +17,7 @@ from kvoffload import PolicyOffloadingManager
 from kvoffload._version import __version__
 from kvoffload.errors import ConfigError
 from kvoffload.instrumentation import METRICS, KVOffloadCollector, config_labels
+from kvoffload.policies import available_policies
 from kvoffload.runtime.snapshot import EngineSnapshot, RuntimeStats
 
 from .conftest import BLOCK_SIZE, bhs, make_manager, store
@@ -123,24 +124,28 @@ def test_collector_counts_evictions_by_list(registry: CollectorRegistry) -> None
     assert v("kvoffload_evictions_total", list="lru") == 3
 
 
-def test_collector_arc_list_gauges_equal_the_manager_lists(registry: CollectorRegistry) -> None:
-    m = make_manager("arc", capacity=4)
+@pytest.mark.parametrize("policy", ["arc", "kvarc"])
+def test_collector_arc_list_gauges_equal_the_manager_lists(
+    registry: CollectorRegistry, policy: str
+) -> None:
+    m = make_manager(policy, capacity=4)
     _collector(m, registry)
     v = _value(registry)
     store(m, range(4))
     m.touch(bhs([0, 1]))  # promote to t2
-    store(m, range(4, 6))  # evicts from t1 into b1
-    m.touch(bhs([2]))  # 2 or 3 is a ghost now: a b1 hit grows the target
+    store(m, range(4, 6))  # evicts 2 and 3 from t1 into b1
+    # a b1 hit grows the target: arc counts it at the touch, kvarc at the store
+    m.touch(bhs([2]))
     store(m, [2])
     lists = m.stats().lists
     for name in ("t1", "t2", "b1", "b2"):
         assert v("kvoffload_arc_list_blocks", list=name) == lists[name]
-        assert v("kvoffload_policy_list_blocks", policy="arc", list=name) == lists[name]
+        assert v("kvoffload_policy_list_blocks", policy=policy, list=name) == lists[name]
     assert lists["b1"] > 0 and lists["t2"] > 0
     target = m.stats().target_t1_size
     assert target is not None and target > 0
     assert v("kvoffload_arc_target_t1_blocks") == target
-    assert v("kvoffload_policy_parameter", policy="arc", name="target_t1_size") == target
+    assert v("kvoffload_policy_parameter", policy=policy, name="target_t1_size") == target
     assert v("kvoffload_ghost_hits_total", list="b1") == 1
     assert v("kvoffload_evictions_total", list="t1") == m.stats().counters.evictions["t1"]
 
@@ -179,6 +184,11 @@ def test_collector_series_follow_a_policy_switch(registry: CollectorRegistry) ->
     assert v("kvoffload_policy_version") == 3
     assert _label_values(registry, "kvoffload_policy_list_blocks", "policy") == {"arc"}
     assert v("kvoffload_arc_list_blocks", list="t1") == 4
+
+    m.switch_policy("kvarc")  # ARC's series stay for the ARC family
+    assert _label_values(registry, "kvoffload_policy_list_blocks", "policy") == {"kvarc"}
+    assert v("kvoffload_arc_list_blocks", list="t1") == 4
+    assert v("kvoffload_arc_target_t1_blocks") == 2  # kvarc starts at half the capacity
 
 
 def test_collector_keeps_lists_the_snapshot_no_longer_reports(
@@ -346,7 +356,7 @@ def promtool_check(text: bytes) -> None:
     assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("policy", available_policies())
 def test_collector_exposition_passes_promtool(registry: CollectorRegistry, policy: str) -> None:
     m = make_manager(policy, capacity=4)
     store(m, range(4))
