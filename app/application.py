@@ -47,7 +47,7 @@ EngineFactory = Callable[[Settings, Sequence[EngineObserver]], Engine]
 
 _DESCRIPTION = """\
 Admin API of a running kvoffload engine: inspect the cache (policy, occupancy,
-ARC lists, counters), switch the eviction policy live, pause/resume the engine,
+policy lists such as ARC's and kvarc's T1/T2/B1/B2, counters), switch the eviction policy live, pause/resume the engine,
 reset the cache, and read, drain or tail the offloading event log.
 
 Every error answer is `{"error": {"code": ..., "message": ...}}`. Read routes take the

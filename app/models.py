@@ -77,7 +77,8 @@ class BlockCounts(_Response):
 
 
 class ARCState(_Response):
-    """ARC's four lists (blocks) and its adaptive target for T1."""
+    """The four lists (blocks) of an ARC-family policy (arc, kvarc) and its
+    adaptive target for T1."""
 
     t1: int = Field(description="recent: seen once")
     t2: int = Field(description="frequent: seen at least twice")
@@ -101,7 +102,9 @@ class CacheCounters(_Response):
     )
     rejected_stores: int
     evictions: dict[str, int] = Field(description="evicted blocks by the list they left")
-    ghost_hits: dict[str, int] = Field(description="touches that hit a ghost list, by list")
+    ghost_hits: dict[str, int] = Field(
+        description="hits on a ghost list, by list: touches for arc, re-stores for kvarc"
+    )
     policy_switches: int
 
     @classmethod
@@ -160,7 +163,10 @@ class CacheView(_Response):
     medium: str
     blocks: BlockCounts
     lists: dict[str, int] = Field(description="sizes of the policy's lists")
-    arc: ARCState | None = Field(description="T1/T2/B1/B2 and target; null unless ARC")
+    arc: ARCState | None = Field(
+        description="T1/T2/B1/B2 and target; null unless the policy is of the ARC family"
+        " (arc, kvarc)"
+    )
     hit_ratio: float = Field(
         ge=0.0, le=1.0, description="blocks hit / blocks looked up, since start"
     )
@@ -171,17 +177,10 @@ class CacheView(_Response):
     @classmethod
     def from_snapshot(cls, snap: EngineSnapshot) -> CacheView:
         m = snap.manager
-        lists = dict(m.lists)
-        target = m.target_t1_size
+        arc_lists, target = m.arc_lists, m.target_t1_size
         arc = None
-        if target is not None:
-            arc = ARCState(
-                t1=lists.get("t1", 0),
-                t2=lists.get("t2", 0),
-                b1=lists.get("b1", 0),
-                b2=lists.get("b2", 0),
-                target_t1_size=target,
-            )
+        if arc_lists is not None and target is not None:
+            arc = ARCState(**arc_lists, target_t1_size=target)
         return cls(
             policy=m.policy,
             policy_version=snap.policy_version,
@@ -198,7 +197,7 @@ class CacheView(_Response):
                 pinned=m.pinned,
                 in_flight=m.in_flight,
             ),
-            lists=lists,
+            lists=dict(m.lists),
             arc=arc,
             hit_ratio=m.hit_ratio,
             counters=CacheCounters.from_counters(m.counters),

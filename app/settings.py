@@ -64,7 +64,10 @@ class Settings(BaseSettings):
     )
 
     # -- cache and engine ----------------------------------------------------
-    policy: str = Field(default="lru", description="eviction policy at start (lru or arc)")
+    policy: str = Field(
+        default="lru",
+        description=f"eviction policy at start: {', '.join(available_policies())}",
+    )
     capacity: PositiveInt = Field(
         default=2048, description="CPU tier capacity in offloaded blocks (num_cpu_blocks)"
     )

@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1", tags=["cache"])
 @router.get(
     "/cache",
     response_model=CacheView,
-    summary="Policy, block counts, ARC lists, counters and hit ratio from one snapshot",
+    summary="Policy, block counts, policy lists, counters and hit ratio from one snapshot",
     responses=error_responses(401),
 )
 async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
@@ -34,7 +34,7 @@ async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
 @router.post(
     "/cache:reset",
     response_model=CommandView,
-    summary="Evict every resident block not in use and forget ARC's ghosts",
+    summary="Evict every resident block not in use and forget the policy's ghosts",
     description='Destructive: the body must be `{"confirm": true}`. Pinned blocks and '
     "stores in flight are kept; counters continue.",
     responses=error_responses(400, 401, 403, 422, 503, 504),

@@ -1,4 +1,5 @@
-"""Live policy switches under load: 200 switches while a trace replays."""
+"""Live policy switches under load: 200 switches, through every policy, while a
+trace replays."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ from typing import Any
 
 from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
 
+from kvoffload.policies import available_policies
+from kvoffload.policies.kvarc import GHOST_FACTOR
+
 TRACE = str(
     Path(__file__).resolve().parents[3] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
 )
 SWITCHES = 200
+#: switched to in turn, from the start policy lru: arc, kvarc, lru, arc...
+POLICIES = available_policies()
+#: how many hashes each ghost list may remember, in capacities
+GHOST_BOUND = {"arc": 1, "kvarc": 2 * GHOST_FACTOR}  # kvarc trims in batches
 
 
 def check_invariants(view: dict[str, Any]) -> None:
@@ -19,13 +27,17 @@ def check_invariants(view: dict[str, Any]) -> None:
     assert 0 <= b["pinned"] <= b["used"]
     assert 0 <= b["in_flight"] <= b["used"]
     lists = view["lists"]
-    if view["policy"] == "arc":
+    arc = view["arc"]
+    if view["policy"] in GHOST_BOUND:
         assert lists["t1"] + lists["t2"] == b["used"]
-        assert lists["b1"] <= b["capacity"] and lists["b2"] <= b["capacity"]
-        assert view["arc"] is not None
+        ghosts = GHOST_BOUND[view["policy"]] * b["capacity"]
+        assert lists["b1"] <= ghosts and lists["b2"] <= ghosts
+        assert arc is not None
+        assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == lists
+        assert 0 <= arc["target_t1_size"] <= b["capacity"]
     else:
         assert lists == {"lru": b["used"]}
-        assert view["arc"] is None
+        assert arc is None
     rt = view["runtime"]
     assert rt["verify_failures"] == 0
     assert rt["failed_jobs"] == 0
@@ -79,7 +91,7 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
     version = 1
     last_step = 0
     for i in range(SWITCHES):
-        target = "arc" if i % 2 == 0 else "lru"
+        target = POLICIES[i % len(POLICIES)]
         r = client.put(
             "/v1/policy",
             headers=ADMIN_HEADERS,
@@ -103,7 +115,7 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
     view = client.get("/v1/cache", headers=READ_HEADERS).json()
     check_invariants(view)
     assert view["counters"]["policy_switches"] == SWITCHES
-    assert view["policy"] == "lru"
+    assert view["policy"] == POLICIES[(SWITCHES - 1) % len(POLICIES)]
     rt = view["runtime"]
     assert rt["steps"] > 0 and rt["loaded_blocks"] > 0, "the replay must have loaded blocks"
     assert view["counters"]["evictions"], "the cache must have been under pressure"

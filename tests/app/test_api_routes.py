@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
 from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient, small_settings
 
 from app.engine_setup import engine_config, load_workload
@@ -58,14 +59,17 @@ def test_cache_view_is_one_consistent_snapshot(client: TestClient) -> None:
     assert counters["lookup_blocks"] >= counters["hit_blocks"]
 
 
-def test_cache_view_shows_arc_lists_and_target(make_client: ClientFactory) -> None:
-    client = make_client(policy="arc")
+@pytest.mark.parametrize("policy", ["arc", "kvarc"])
+def test_cache_view_shows_arc_lists_and_target(make_client: ClientFactory, policy: str) -> None:
+    client = make_client(policy=policy)
     view = wait_for(client, lambda v: v["blocks"]["used"] > 0)
+    assert view["policy"] == policy
     arc = view["arc"]
     assert arc is not None
     assert set(arc) == {"t1", "t2", "b1", "b2", "target_t1_size"}
-    assert arc["t1"] + arc["t2"] == view["blocks"]["used"] or view["blocks"]["in_flight"]
-    assert arc["target_t1_size"] >= 0
+    assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == view["lists"]
+    assert arc["t1"] + arc["t2"] == view["blocks"]["used"]  # in-flight blocks are listed too
+    assert 0 <= arc["target_t1_size"] <= view["blocks"]["capacity"]
 
 
 # --------------------------------------------------------------------------- policy
