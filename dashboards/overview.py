@@ -232,8 +232,9 @@ def _arc() -> list[Panel]:
     return [
         timeseries_panel(
             "ARC lists and target",
-            "ARC's resident lists T1 (seen once) and T2 (seen again), its ghost lists B1/B2"
-            " (recently evicted hashes) and the adaptive target size of T1.",
+            "While the policy is arc or kvarc: the resident lists T1 (seen once) and T2"
+            " (seen again), the ghost lists B1/B2 (recently evicted hashes) and the adaptive"
+            " target size of T1.",
             "count:blocks",
             [
                 Query(total("kvoffload_arc_list_blocks", "list"), "{{list}}"),
@@ -242,7 +243,8 @@ def _arc() -> list[Panel]:
         ),
         timeseries_panel(
             "Ghost hits",
-            "Touches that hit a ghost list: a B1 hit grows ARC's T1 target, a B2 hit shrinks it.",
+            "Hits on a ghost list (arc: touches, kvarc: re-stores): a B1 hit grows the T1"
+            " target, a B2 hit shrinks it.",
             "count:hits/s",
             [Query(rate("kvoffload_ghost_hits_total", "list"), "{{list}}")],
         ),

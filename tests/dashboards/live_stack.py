@@ -2,8 +2,9 @@
 
 :func:`running_stack` starts the service on a free loopback port under LRU, starts
 Prometheus (the ``prometheus`` binary) on another with a temporary TSDB, waits for a
-few scrapes, switches the service to ARC through the admin API (so that ARC's series
-and a policy switch exist) and waits for a few more.
+few scrapes, switches the service to ARC and then to kvarc through the admin API (so
+that policy switches exist and the ARC panels must show kvarc, the other policy of the
+ARC family) and waits for a few scrapes after each.
 """
 
 from __future__ import annotations
@@ -218,11 +219,13 @@ def running_stack(workdir: Path) -> Iterator[LiveStack]:
             45,
             why,
         )
-        switch_policy(stack.service_url, "arc")
-        _wait_for(
-            "4 scrapes under ARC",
-            lambda: stack.samples(f"kvoffload_arc_target_t1_blocks{scope}") >= 4,
-            45,
-            why,
-        )
+        for policy in ("arc", "kvarc"):
+            switch_policy(stack.service_url, policy)
+            current = f'kvoffload_policy_info{{job="{JOB}", policy="{policy}"}}'
+            _wait_for(
+                f"4 scrapes under {policy}",
+                lambda current=current: stack.samples(current) >= 4,
+                45,
+                why,
+            )
         yield stack
