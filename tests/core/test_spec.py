@@ -58,9 +58,10 @@ def test_offloading_config_unknown_policy_lists_the_valid_ones() -> None:
     assert isinstance(exc.value, ConfigError)
 
 
-def test_offloading_config_policy_name_is_case_insensitive() -> None:
-    spec = CPUOffloadingSpec(OffloadingConfig(16, 8, eviction_policy="ARC"))
-    assert spec.get_manager().policy_name == "arc"
+@pytest.mark.parametrize("policy", available_policies())
+def test_offloading_config_selects_every_policy_in_any_case(policy: str) -> None:
+    spec = CPUOffloadingSpec(OffloadingConfig(16, 8, eviction_policy=policy.upper()))
+    assert spec.get_manager().policy_name == policy
 
 
 def test_offloading_config_from_vllm_style_config() -> None:

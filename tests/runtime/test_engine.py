@@ -12,6 +12,7 @@ import torch
 
 from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.mediums import CPULoadStoreSpec
+from kvoffload.policies import available_policies
 from kvoffload.runtime.commands import CommandResult, VersionConflictError
 from kvoffload.runtime.engine import Engine, EngineConfig
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
@@ -256,7 +257,8 @@ def test_engine_switches_policy_mid_run_many_times(layout: Layout) -> None:
     before = engine.snapshot()
     assert before.policy_version == 1
     switches = 0
-    for policy in itertools.cycle(["arc", "lru"]):
+    previous = before.manager.policy
+    for policy in itertools.cycle(available_policies()):
         future = engine.switch_policy(policy)
         snap = engine.run(max_steps=4)
         result = future.result(timeout=0)  # applied by run() before its first step
@@ -264,14 +266,14 @@ def test_engine_switches_policy_mid_run_many_times(layout: Layout) -> None:
         assert (result.kind, result.policy) == ("switch_policy", policy)
         assert result.applied_at_step == before.step
         assert result.policy_version == snap.policy_version == switches + 1
-        assert dict(result.detail) == {"from": "lru" if policy == "arc" else "arc", "to": policy}
+        assert dict(result.detail) == {"from": previous, "to": policy}
         assert snap.manager.policy == policy
         assert snap.manager.counters.policy_switches == switches
         assert_settled(engine, snap)
         assert_monotonic(before, snap)
         if snap.step == before.step:  # the workload is exhausted
             break
-        before = snap
+        before, previous = snap, policy
     assert switches > 20
     rt = snap.runtime
     assert rt.requests == 400
