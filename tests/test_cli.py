@@ -12,6 +12,7 @@ import pytest
 
 from kvoffload.cli import main
 from kvoffload.policies import available_policies
+from kvoffload.replay import parse_capacity
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / ".." / "shared" / "data" / "traces"
@@ -84,6 +85,29 @@ def test_cli_replay_json_has_every_field() -> None:
         assert run["prefix_hit_ratio"] == run["hit_blocks"] / run["block_accesses"]
         assert run["hit_blocks"] <= run["belady_hit_blocks"]
         assert run["block_ops"] > 0 and run["wall_seconds"] > 0
+
+
+def test_cli_replay_defaults_compare_every_policy_on_each_trace_at_four_capacities() -> None:
+    # issue 8: kvarc against LRU, ARC and Belady on both traces at 1/5/10/25%,
+    # with nothing but the traces on the command line
+    assert {"lru", "arc", "kvarc"} <= set(available_policies())
+    done = kvoffload("replay", CONVERSATION, SYNTHETIC, "--limit", "1000", "--json")
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    traces = {t["trace"]: t for t in document["traces"]}
+    assert list(traces) == [Path(CONVERSATION).name, Path(SYNTHETIC).name]
+    for trace in traces.values():
+        unique = trace["unique_blocks"]
+        assert trace["capacities"] == [parse_capacity(f"{p}%", unique) for p in (1, 5, 10, 25)]
+    runs = [(r["trace"], r["capacity_blocks"], r["policy"]) for r in document["runs"]]
+    assert runs == [
+        (name, capacity, policy)
+        for name, trace in traces.items()
+        for capacity in trace["capacities"]
+        for policy in available_policies()
+    ]
+    for run in document["runs"]:
+        assert run["hit_blocks"] <= run["belady_hit_blocks"]
 
 
 def test_cli_errors_exit_2_with_one_line() -> None:
