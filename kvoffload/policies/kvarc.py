@@ -23,7 +23,8 @@ the page caches ARC was designed for:
 * The T1 target starts at half the capacity (no evidence either way), and
   ghost hits are counted when a block is stored again, not when touched,
   once per store call: cheaper, and the same signal in an engine that
-  stores what it misses.
+  stores what it misses. The hit says the workload came back for the
+  block, so it stands even if that store then fails.
 
 How it covers what KV workloads have and generic caches ignore:
 
@@ -177,12 +178,12 @@ class KVARCPolicy(EvictionPolicy):
         t1, t2 = self.t1, self.t2
         o1, o2 = t1.order, t2.order
         busy = self.busy
-        # a T1 block used again moves to T2, unless its store is in flight
-        # (the engine touches right after prepare_store: not a second use)
+        # A T1 block used again moves to T2. One whose store is in flight
+        # stays where insert filed it: vLLM's scheduler touches a request's
+        # blocks right after prepare_store, which is not a second use, and
+        # moving them would undo the tail-first filing and the cold tail.
         for h in filter(o1.__contains__, rev):
-            if busy.get(h, 0) < 0:
-                o1.move_to_end(h)
-            else:
+            if busy.get(h, 0) >= 0:
                 o2[h] = o1.pop(h)
         p1 = t1.parked
         if p1:  # pinned by a load and used again: T2's when released
@@ -234,3 +235,4 @@ class KVARCPolicy(EvictionPolicy):
     def clear_ghosts(self) -> None:
         self.b1.clear()
         self.b2.clear()
+        self.target_t1_size = self.capacity / 2  # the adaptation went with them

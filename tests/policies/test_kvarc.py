@@ -112,3 +112,28 @@ def test_kvarc_runs_under_a_manager_and_switches_live() -> None:
     assert m.switch_policy("lru") == "kvarc" and len(m) == 6
     m.switch_policy("kvarc")
     assert len(m) == 6 and m.lookup(_hs(1, 2)) == 2
+
+
+def test_kvarc_touch_after_prepare_store_keeps_the_chain_filing() -> None:
+    # vLLM's scheduler touches a request's blocks right after prepare_store:
+    # the in-flight blocks must stay filed tail first with the tail cold
+    # (they used to move to T1's recent end, undoing both).
+    m = PolicyOffloadingManager(CPUBackend(16, 8), policy="kvarc")
+    for chain in (_hs(8, 9), _hs(1, 2, 3)):
+        out = m.prepare_store(chain)
+        assert out is not None
+        m.touch(chain)
+        m.complete_store(out.block_hashes_to_store)
+    kvarc = m.policy
+    assert isinstance(kvarc, KVARCPolicy)
+    assert list(kvarc.t1) == _hs(3, 9, 8, 2, 1) and not kvarc.t2
+
+
+def test_kvarc_clear_ghosts_resets_the_adaptation() -> None:
+    p, _ = _policy(4)
+    _store(p, 1, 2)
+    _evict(p, 2)
+    _store(p, 1)  # a B1 ghost back: the target grows
+    assert p.target_t1_size > 2.0
+    p.clear_ghosts()
+    assert p.target_t1_size == 2.0 and p.list_sizes()["b1"] == 0
