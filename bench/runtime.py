@@ -1,4 +1,4 @@
-"""End-to-end replay throughput of the serving runtime, LRU against ARC.
+"""End-to-end replay throughput of the serving runtime under each eviction policy.
 
 Replays the Mooncake conversation trace through :class:`Engine` (GPU KV
 store, offloading manager, CPU<->GPU handler, byte-for-byte verification of
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from kvoffload.policies import available_policies
 from kvoffload.runtime.engine import Engine, EngineConfig
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
@@ -160,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"replay the first N requests (default {DEFAULT_LIMIT}, --quick {QUICK_LIMIT})",
     )
     p.add_argument("--quick", action="store_true", help=f"{QUICK_LIMIT} requests")
-    p.add_argument("--policies", default="lru,arc", help="comma-separated policy names")
+    p.add_argument(
+        "--policies",
+        default=",".join(available_policies()),
+        help="comma-separated policy names (default: every registered policy)",
+    )
     p.add_argument(
         "--capacity", type=float, default=0.10, help="CPU tier as a fraction of unique blocks"
     )
