@@ -1,9 +1,10 @@
 """Every dashboard query, evaluated by a real Prometheus scraping a live ``kvoffload serve``.
 
 The service starts under LRU and is switched to ARC, then kvarc (see ``live_stack``),
-so that the policy-switch annotation has data and the ARC panels must have kvarc's. A query passes when Prometheus
-accepts it and returns at least one series: the point is that it is valid and that
-the metrics it reads exist (rare events such as drops are exported at 0).
+so that the policy-switch annotation has data and the ARC panels must have kvarc's.
+A query passes when Prometheus accepts it and returns at least one series: the point
+is that it is valid and that the metrics it reads exist (rare events such as drops
+are exported at 0).
 """
 
 from __future__ import annotations
