@@ -50,6 +50,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from vllm_ref import VERSION, VLLMUnavailable, load_vllm
 
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
 from kvoffload.policies import available_policies
@@ -336,11 +339,78 @@ def pinned_idle(name: str, requests: list[Request], unique: int, repeats: int) -
     return rows
 
 
-def _fill(m: PolicyOffloadingManager, keys: Sequence[BlockHash], chunk: int = 1000) -> None:
+def _fill(m: Any, keys: Sequence[BlockHash], chunk: int = 1000) -> None:
     for i in range(0, len(keys), chunk):
         out = m.prepare_store(keys[i : i + chunk])
         assert out is not None
         m.complete_store(out.block_hashes_to_store)
+
+
+def replay_counting(m: Any, requests: Sequence[Request]) -> Run:
+    """:func:`replay_manager` for any manager with vLLM's API (no stats():
+    it counts from the answers, and so does the kvoffload run it is
+    compared with)."""
+    touch, lookup = m.touch, m.lookup
+    prepare_store, complete_store = m.prepare_store, m.complete_store
+    lookup_blocks = hit_blocks = stored = 0
+    t0 = time.process_time()
+    for hashes in requests:
+        touch(hashes)
+        n = lookup(hashes)
+        out = prepare_store(hashes[n:])
+        if out:
+            complete_store(out.block_hashes_to_store)
+            stored += len(out.block_hashes_to_store)
+        lookup_blocks += len(hashes)
+        hit_blocks += n
+    return Run(time.process_time() - t0, lookup_blocks, hit_blocks, stored)
+
+
+def against_vllm(vllm: Any) -> Callable[[str, list[Request], int, int], list[str]]:
+    """The throughput table against vLLM's own LRU and ARC managers."""
+
+    def table(name: str, requests: list[Request], unique: int, repeats: int) -> list[str]:
+        rows = []
+        for pct in PERCENTS:
+            capacity = max(1, unique * pct // 100)
+            for p, cls in (("lru", "LRUOffloadingManager"), ("arc", "ARCOffloadingManager")):
+                best: dict[str, Run] = {}
+                for _ in range(repeats):
+                    for side in ("ours", "vllm"):
+                        if side == "ours":
+                            m = new_manager(p, capacity)
+                        else:
+                            m = getattr(vllm, cls)(vllm.CPUBackend(BLOCK_SIZE, capacity))
+                        run = _timed(replay_counting, m, requests)
+                        if side not in best or run.seconds < best[side].seconds:
+                            best[side] = run
+                ours, theirs = best["ours"], best["vllm"]
+                rows.append(
+                    f"{name:<13}{pct:>4}%{capacity:>8} {p:<7}"
+                    f"{fmt_ops(ours.ops_per_s):>9}{fmt_ops(theirs.ops_per_s):>9}"
+                    f"{ours.ops_per_s / theirs.ops_per_s:>7.2f}"
+                    f"{ours.hit_ratio:>8.3f}{theirs.hit_ratio:>9.3f}"
+                )
+        return rows
+
+    return table
+
+
+def vllm_memory(vllm: Any, resident: int) -> list[str]:
+    """vLLM's managers' bytes per resident block, measured like ours."""
+    keys = [BlockHash(i.to_bytes(8, "little")) for i in range(resident)]
+    rows = []
+    for p, cls in (("lru", "LRUOffloadingManager"), ("arc", "ARCOffloadingManager")):
+        gc.collect()
+        tracemalloc.start()
+        m = getattr(vllm, cls)(vllm.CPUBackend(BLOCK_SIZE, resident))
+        _fill(m, keys)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        rows.append(f"{'vllm ' + p:<28}{resident:>9}{used / resident:>10.1f}")
+        del m
+    return rows
 
 
 def memory(resident: int) -> list[str]:
@@ -382,7 +452,19 @@ def memory(resident: int) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short traces, one run each")
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also compare with vLLM 0.11.2's own managers (its wheel: scripts/fetch-vllm)",
+    )
     args = parser.parse_args()
+    vllm = None
+    if args.vllm:
+        try:
+            vllm = load_vllm()
+        except VLLMUnavailable as e:
+            print(f"--vllm: {e}", file=sys.stderr)
+            return 1
     limit = 1500 if args.quick else None
     repeats = 1 if args.quick else 3
     traces = sorted(TRACES.glob("*.jsonl"))
@@ -423,6 +505,14 @@ def main() -> int:
             pinned_idle,
         ),
     ]
+    if vllm is not None:
+        tables.append(
+            (
+                f"vllm: block ops/s against vLLM {VERSION}'s own managers ({vllm.source})",
+                f"{'ours':>9}{'vllm':>9}{'ratio':>7}{'hit':>8}{'vllm hit':>9}",
+                against_vllm(vllm),
+            )
+        )
     for title, header, table in tables:
         print(f"\n== {title}")
         print(columns + header)
@@ -435,6 +525,9 @@ def main() -> int:
     print(f"{'policy':<28}{'resident':>9}{'B/block':>10}   lists")
     for row in memory(resident):
         print(row, flush=True)
+    if vllm is not None:
+        for row in vllm_memory(vllm, resident):
+            print(row, flush=True)
     return 0
 
 

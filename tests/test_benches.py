@@ -17,12 +17,19 @@ REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO.parent / "shared" / "data" / "traces"
 
 
-def run_bench(*args: str) -> str:
-    done = subprocess.run(
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
     )
+
+
+def output(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout
+
+
+def run_bench(*args: str) -> str:
+    return output(run(*args))
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +40,21 @@ def traces() -> None:
 
 @pytest.mark.usefixtures("traces")
 def test_bench_managers_prints_every_table() -> None:
-    out = run_bench("bench/managers.py", "--quick")
+    # with vLLM's own managers when its wheel is there (scripts/fetch-vllm)
+    done = run("bench/managers.py", "--quick", "--vllm")
+    with_vllm = not (done.returncode and done.stderr.startswith("--vllm: "))  # no wheel
+    out = output(done) if with_vllm else run_bench("bench/managers.py", "--quick")
     for title in ("== throughput", "== phases", "== pinned-heavy", "== pinned-idle", "== memory"):
         assert title in out
+    assert ("== vllm" in out) == with_vllm
     rows = [line.split() for line in out.splitlines()]
     for policy in ("lru", "arc"):
-        # 2 traces x 4 capacities in each of the three ratio tables, x 2 in phases
-        assert sum(1 for r in rows if len(r) > 4 and r[3] == policy) == 3 * 2 * 4 + 2 * 2
+        # 2 traces x 4 capacities in each ratio table (3, or 4 with vLLM's), x 2 in phases
+        tables = 4 if with_vllm else 3
+        assert sum(1 for r in rows if len(r) > 4 and r[3] == policy) == tables * 2 * 4 + 2 * 2
         assert any(r and r[0] == policy and float(r[2]) > 0 for r in rows)  # memory row
+        if with_vllm:
+            assert any(r[:2] == ["vllm", policy] and float(r[3]) > 0 for r in rows)
 
 
 @pytest.mark.usefixtures("traces")
