@@ -1,12 +1,13 @@
-"""vLLM 0.11.2's own offloading managers, loaded from its wheel, to compare against.
+"""vLLM 0.11.2's own offloading managers and worker, loaded from its wheel, to compare against.
 
 kvoffload claims vLLM's API and semantics with its defects fixed, and
 benchmarks itself against vLLM's managers. This module makes both checkable
 against the real thing without installing vLLM (and the CUDA torch it pulls
 in): it extracts the pure-Python manager modules from a vLLM 0.11.2 wheel
-into a private directory and imports them. Their one heavy import,
-``vllm.v1.core.kv_cache_utils`` (for ``BlockHash``), is replaced by a
-one-line module defining the same ``NewType``. Nothing of vLLM's is copied
+into a private directory and imports them. Their heavy imports are
+replaced by one-line modules: ``vllm.v1.core.kv_cache_utils`` defines the
+same ``BlockHash`` ``NewType``, and ``vllm.logger.init_logger`` is
+``logging.getLogger``. Nothing of vLLM's is copied
 into this repository.
 
 Where the wheel comes from, first match wins:
@@ -44,6 +45,8 @@ MODULES = (
     "vllm/v1/kv_offload/arc_manager.py",
     "vllm/v1/kv_offload/backends/__init__.py",
     "vllm/v1/kv_offload/backends/cpu.py",
+    "vllm/v1/kv_offload/worker/__init__.py",
+    "vllm/v1/kv_offload/worker/worker.py",
 )
 #: stand-ins for the packages above them and for the one heavy import
 SHIMS = {
@@ -53,6 +56,7 @@ SHIMS = {
     "vllm/v1/core/kv_cache_utils.py": (
         'from typing import NewType\n\nBlockHash = NewType("BlockHash", bytes)\n'
     ),
+    "vllm/logger.py": "from logging import getLogger as init_logger  # noqa: F401\n",
 }
 
 
@@ -68,6 +72,10 @@ class VLLM:
     CPUBackend: Any
     LRUOffloadingManager: Any
     ARCOffloadingManager: Any
+    CPULoadStoreSpec: Any
+    GPULoadStoreSpec: Any
+    OffloadingHandler: Any
+    OffloadingWorker: Any
 
 
 def find_wheel() -> Path:
@@ -116,6 +124,8 @@ def load_vllm() -> VLLM:
         cpu = importlib.import_module("vllm.v1.kv_offload.backends.cpu")
         lru = importlib.import_module("vllm.v1.kv_offload.lru_manager")
         arc = importlib.import_module("vllm.v1.kv_offload.arc_manager")
+        mediums = importlib.import_module("vllm.v1.kv_offload.mediums")
+        worker = importlib.import_module("vllm.v1.kv_offload.worker.worker")
     finally:
         sys.path.remove(str(root))
     _loaded = VLLM(
@@ -123,5 +133,9 @@ def load_vllm() -> VLLM:
         CPUBackend=cpu.CPUBackend,
         LRUOffloadingManager=lru.LRUOffloadingManager,
         ARCOffloadingManager=arc.ARCOffloadingManager,
+        CPULoadStoreSpec=mediums.CPULoadStoreSpec,
+        GPULoadStoreSpec=mediums.GPULoadStoreSpec,
+        OffloadingHandler=worker.OffloadingHandler,
+        OffloadingWorker=worker.OffloadingWorker,
     )
     return _loaded

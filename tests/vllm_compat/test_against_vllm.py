@@ -9,7 +9,7 @@ of it:
   changes runs on both in lockstep, and every answer and every list must
   agree. Programs stay clear of the defects below (stores name absent hashes,
   each once, and complete before the next call), where the two are meant to
-  differ;
+  differ. The worker's routing and its results are checked the same way;
 * the defects: each scenario of DESIGN.md section 4 (1-6 and 9) shows the
   defect on vLLM and the fix on kvoffload.
 """
@@ -119,6 +119,60 @@ def test_same_answers_as_vllm(vllm: Any, kind: str, capacity: int, program: list
             theirs.target_t1_size = ours.target_t1_size = float(args[0])
         assert _lists(theirs, kind, True) == _lists(ours, kind, False), op
     assert _events(theirs) == _events(ours)
+
+
+OUTCOME = st.sampled_from(["ok", "fail", "refuse", "raise"])
+JOB = st.tuples(st.sampled_from(["store", "load"]), OUTCOME, st.booleans())
+
+
+def _worker(impl: Any) -> Any:
+    """A worker with one handler for both directions: it does what each job
+    id was scripted to do, and finishes the jobs it accepted when polled."""
+
+    class Scripted(impl.OffloadingHandler):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.script: dict[int, str] = {}
+            self.pending: list[tuple[int, bool]] = []
+
+        def transfer_async(self, job_id: int, spec: Any) -> bool:
+            outcome = self.script[job_id]
+            if outcome == "raise":
+                raise RuntimeError(f"job {job_id} broke")
+            if outcome == "refuse":
+                return False
+            self.pending.append((job_id, outcome == "ok"))
+            return True
+
+        def get_finished(self) -> list[tuple[int, bool]]:
+            done, self.pending = self.pending, []
+            return done
+
+    worker, handler = impl.OffloadingWorker(), Scripted()
+    worker.register_handler(impl.GPULoadStoreSpec, impl.CPULoadStoreSpec, handler)
+    worker.register_handler(impl.CPULoadStoreSpec, impl.GPULoadStoreSpec, handler)
+    return worker, handler
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs=st.lists(JOB, max_size=30))
+def test_worker_routes_and_reports_like_vllm(vllm: Any, jobs: list[Any]) -> None:
+    """Jobs that succeed, fail, are refused or raise, in both directions,
+    with polls in between: the same submissions and the same results."""
+    sides = [_worker(vllm), _worker(kvoffload)]
+    for job_id, (direction, outcome, poll) in enumerate(jobs):
+        answers, finished = [], []
+        for impl, (worker, handler) in zip((vllm, kvoffload), sides, strict=True):
+            gpu, cpu = impl.GPULoadStoreSpec([job_id]), impl.CPULoadStoreSpec([job_id])
+            handler.script[job_id] = outcome
+            answers.append(
+                worker.transfer_async(job_id, (gpu, cpu) if direction == "store" else (cpu, gpu))
+            )
+            if poll:
+                finished.append(sorted(worker.get_finished()))
+        assert answers[0] == answers[1] == (outcome in ("ok", "fail"))
+        if poll:
+            assert finished[0] == finished[1]
+    assert sorted(sides[0][0].get_finished()) == sorted(sides[1][0].get_finished())
 
 
 # -- the defects, each shown on vLLM and fixed here ----------------------------
