@@ -16,9 +16,10 @@ whose store is in flight moves to its list's recent end.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterable, Iterator, Sequence
-from itertools import repeat
+from collections.abc import Container, Iterable, Iterator, MutableMapping, Sequence
+from itertools import filterfalse, repeat
 from operator import itemgetter
+from typing import ClassVar
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
@@ -28,27 +29,28 @@ from kvoffload.policies.recency import RecencyList, take_from_two
 _HASH = itemgetter(0)
 
 
-class ARCPolicy(EvictionPolicy):
-    """ARC over resident blocks; ghost lists bounded by the capacity."""
+class TwoListPolicy(EvictionPolicy):
+    """What ARC and its variants share: resident blocks in T1 and T2 (each a
+    :class:`~kvoffload.policies.recency.RecencyList`), ghosts in B1 and B2
+    and an adaptive target size for T1. A subclass chooses the ghost tables,
+    where stored blocks enter, what a touch does and what is evicted."""
 
-    name = "arc"
     list_names = ("t1", "t2", "b1", "b2")
+    #: where ``target_t1_size`` starts, and returns to when ghosts are
+    #: cleared, as a share of the capacity
+    initial_target_share: ClassVar[float] = 0.0
+    #: hashes evicted from T1 / T2, oldest first (set by the subclass)
+    b1: MutableMapping[BlockHash, None]
+    b2: MutableMapping[BlockHash, None]
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.target_t1_size: float = 0.0
         self.t1 = RecencyList()
         self.t2 = RecencyList()
-        self.b1: OrderedDict[BlockHash, None] = OrderedDict()
-        self.b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.target_t1_size: float = capacity * self.initial_target_share
         self.ghost_hits = {"b1": 0, "b2": 0}
         self.evictions = {"t1": 0, "t2": 0}
         self._get1, self._get2 = self.t1.order.get, self.t2.order.get
-
-    @property
-    def cache_capacity(self) -> int:
-        """vLLM's name for the capacity (bound of T1+T2 and of each ghost list)."""
-        return self.capacity
 
     def get(self, block_hash: BlockHash) -> Handle | None:
         b = self._get1(block_hash)
@@ -60,32 +62,75 @@ class ARCPolicy(EvictionPolicy):
                     b = self.t2.parked.get(block_hash)
         return b
 
+    get_idle = get
+
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.t1 or block_hash in self.t2
 
-    def get_many(self, block_hashes: Sequence[BlockHash]) -> list[Handle | None]:
-        return list(map(self.get, block_hashes))
-
     def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        t1, t2 = self.t1.order, self.t2.order
-        missing = [h for h in block_hashes if h not in t1 and h not in t2]
-        if self.t1.parked or self.t2.parked:
-            p1, p2 = self.t1.parked, self.t2.parked
-            missing = [h for h in missing if h not in p1 and h not in p2]
-        return missing
+        missing = filterfalse(self.t2.order.__contains__, block_hashes)
+        missing = filterfalse(self.t1.order.__contains__, missing)
+        for parked in (self.t1.parked, self.t2.parked):
+            if parked:
+                missing = filterfalse(parked.__contains__, missing)
+        return list(missing)
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+    def remove(self, block_hash: BlockHash) -> Handle | None:
+        b = self.t1.remove(block_hash)
+        return b if b is not None else self.t2.remove(block_hash)
+
+    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
+        return  # blocks in flight are never parked (RecencyList moves them)
+
+    def released(self, block_hashes: Sequence[BlockHash]) -> None:
+        self.t1.release(block_hashes)
+        self.t2.release(block_hashes)
+
+    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
+        return iter([*self.t1.entries(), *self.t2.entries()])
+
+    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
+        # Another policy's order seeds T1 (no block has a proven second use
+        # yet from this policy's point of view); ghosts start empty.
+        self.t1.order.update(items)
+
+    def list_sizes(self) -> dict[str, int]:
+        return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}
+
+    def params(self) -> dict[str, float]:
+        return {"target_t1_size": float(self.target_t1_size)}
+
+    def clear_ghosts(self) -> None:
+        self.b1.clear()
+        self.b2.clear()
+        self.target_t1_size = self.capacity * self.initial_target_share  # learnt from them
+
+
+class ARCPolicy(TwoListPolicy):
+    """ARC over resident blocks; ghost lists bounded by the capacity."""
+
+    name = "arc"
+    b1: OrderedDict[BlockHash, None]
+    b2: OrderedDict[BlockHash, None]
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.b1 = OrderedDict()
+        self.b2 = OrderedDict()
+
+    @property
+    def cache_capacity(self) -> int:
+        """vLLM's name for the capacity (bound of T1+T2 and of each ghost list)."""
+        return self.capacity
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         self.t1.order.update(zip(block_hashes, blocks, strict=True))
         for ghosts in (self.b1, self.b2):  # re-stored: no longer a ghost
             if ghosts:
                 deque(map(ghosts.pop, block_hashes, repeat(None)), 0)
-
-    def remove(self, block_hash: BlockHash) -> Handle | None:
-        b = self.t1.remove(block_hash)
-        return b if b is not None else self.t2.remove(block_hash)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         t1, t2 = self.t1.order, self.t2.order
@@ -149,29 +194,3 @@ class ARCPolicy(EvictionPolicy):
                     deque(map(ghosts.popitem, repeat(False, len(ghosts) - cap)), 0)
                 self.evictions[name] += len(victims)
         return v1 + v2 if v2 else v1
-
-    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
-        return  # blocks in flight are never parked (RecencyList moves them)
-
-    def released(self, block_hashes: Sequence[BlockHash]) -> None:
-        self.t1.release(block_hashes)
-        self.t2.release(block_hashes)
-
-    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
-        return iter([*self.t1.entries(), *self.t2.entries()])
-
-    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
-        # Another policy's order seeds T1 (no block has a proven second use
-        # yet from ARC's point of view); ghosts start empty, target at 0.
-        self.t1.order.update(items)
-
-    def list_sizes(self) -> dict[str, int]:
-        return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}
-
-    def params(self) -> dict[str, float]:
-        return {"target_t1_size": float(self.target_t1_size)}
-
-    def clear_ghosts(self) -> None:
-        self.b1.clear()
-        self.b2.clear()
-        self.target_t1_size = 0.0

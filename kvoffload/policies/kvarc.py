@@ -62,14 +62,15 @@ operations.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container, Iterable, Iterator, Sequence
-from itertools import compress, filterfalse, islice
+from collections.abc import Container, Sequence
+from itertools import compress, islice
 from operator import itemgetter, not_
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
-from kvoffload.policies.base import EvictionPolicy, Victim
-from kvoffload.policies.recency import RecencyList, take_from_two
+from kvoffload.policies.arc import TwoListPolicy
+from kvoffload.policies.base import Victim
+from kvoffload.policies.recency import take_from_two
 
 #: ghosts remembered, in multiples of the capacity
 GHOST_FACTOR = 2
@@ -90,53 +91,19 @@ def _remember(
     return ghosts
 
 
-class KVARCPolicy(EvictionPolicy):
+class KVARCPolicy(TwoListPolicy):
     """ARC with ghost readmission to T2, long ghost memory, chains filed
     tail first and prompt tails admitted cold (see the module doc)."""
 
     name = "kvarc"
-    list_names = ("t1", "t2", "b1", "b2")
+    initial_target_share = 0.5  # no evidence either way
+    b1: dict[BlockHash, None]
+    b2: dict[BlockHash, None]
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.t1 = RecencyList()
-        self.t2 = RecencyList()
-        #: hashes evicted from T1 / T2, oldest first
-        self.b1: dict[BlockHash, None] = {}
-        self.b2: dict[BlockHash, None] = {}
-        self.target_t1_size: float = capacity / 2
-        self.ghost_hits = {"b1": 0, "b2": 0}
-        self.evictions = {"t1": 0, "t2": 0}
-
-    # -- lookups ---------------------------------------------------------------
-
-    def get(self, block_hash: BlockHash) -> Handle | None:
-        b = self.t1.order.get(block_hash)
-        if b is None:
-            b = self.t2.order.get(block_hash)
-            if b is None and (self.t1.parked or self.t2.parked):
-                b = self.t1.parked.get(block_hash)
-                if b is None:
-                    b = self.t2.parked.get(block_hash)
-        return b
-
-    get_idle = get
-
-    def __contains__(self, block_hash: object) -> bool:
-        return block_hash in self.t1 or block_hash in self.t2
-
-    def absent(self, block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
-        missing = filterfalse(self.t2.order.__contains__, block_hashes)
-        missing = filterfalse(self.t1.order.__contains__, missing)
-        for parked in (self.t1.parked, self.t2.parked):
-            if parked:
-                missing = filterfalse(parked.__contains__, missing)
-        return list(missing)
-
-    def __len__(self) -> int:
-        return len(self.t1) + len(self.t2)
-
-    # -- changes -----------------------------------------------------------------
+        self.b1 = {}
+        self.b2 = {}
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         if not block_hashes:
@@ -168,10 +135,6 @@ class KVARCPolicy(EvictionPolicy):
         tail = block_hashes[-1]
         if tail in t1:
             t1.move_to_end(tail, last=False)
-
-    def remove(self, block_hash: BlockHash) -> Handle | None:
-        b = self.t1.remove(block_hash)
-        return b if b is not None else self.t2.remove(block_hash)
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         rev = block_hashes[::-1]
@@ -208,31 +171,3 @@ class KVARCPolicy(EvictionPolicy):
         self.evictions["t1"] += len(v1)
         self.evictions["t2"] += len(v2)
         return v1 + v2 if v2 else v1
-
-    def stored(self, block_hashes: Sequence[BlockHash]) -> None:
-        return  # blocks in flight are never parked (RecencyList moves them)
-
-    def released(self, block_hashes: Sequence[BlockHash]) -> None:
-        self.t1.release(block_hashes)
-        self.t2.release(block_hashes)
-
-    # -- switching and stats --------------------------------------------------
-
-    def ordered_items(self) -> Iterator[tuple[BlockHash, Handle]]:
-        return iter([*self.t1.entries(), *self.t2.entries()])
-
-    def seed(self, items: Iterable[tuple[BlockHash, Handle]]) -> None:
-        # Another policy's order seeds T1: no block has a proven second use
-        # yet from this policy's point of view; ghosts start empty.
-        self.t1.order.update(items)
-
-    def list_sizes(self) -> dict[str, int]:
-        return {"t1": len(self.t1), "t2": len(self.t2), "b1": len(self.b1), "b2": len(self.b2)}
-
-    def params(self) -> dict[str, float]:
-        return {"target_t1_size": float(self.target_t1_size)}
-
-    def clear_ghosts(self) -> None:
-        self.b1.clear()
-        self.b2.clear()
-        self.target_t1_size = self.capacity / 2  # the adaptation went with them
