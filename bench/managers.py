@@ -114,10 +114,12 @@ def load_trace(path: Path, limit: int | None) -> tuple[list[Request], int]:
 # -- the two replays ----------------------------------------------------------
 
 
-def replay_manager(m: PolicyOffloadingManager, requests: Sequence[Request]) -> Run:
+def replay_manager(m: Any, requests: Sequence[Request]) -> Run:
+    """The replay on any manager with vLLM's API (kvoffload's or vLLM's
+    own), counting from the answers as the bare loop does."""
     touch, lookup = m.touch, m.lookup
     prepare_store, complete_store = m.prepare_store, m.complete_store
-    before = m.stats().counters
+    lookup_blocks = hit_blocks = stored = 0
     t0 = time.process_time()
     for hashes in requests:
         touch(hashes)
@@ -125,14 +127,10 @@ def replay_manager(m: PolicyOffloadingManager, requests: Sequence[Request]) -> R
         out = prepare_store(hashes[n:])
         if out:
             complete_store(out.block_hashes_to_store)
-    seconds = time.process_time() - t0
-    after = m.stats().counters
-    return Run(
-        seconds,
-        after.lookup_blocks - before.lookup_blocks,
-        after.hit_blocks - before.hit_blocks,
-        after.store_blocks["stored"] - before.store_blocks["stored"],
-    )
+            stored += len(out.block_hashes_to_store)
+        lookup_blocks += len(hashes)
+        hit_blocks += n
+    return Run(time.process_time() - t0, lookup_blocks, hit_blocks, stored)
 
 
 def replay_bare(requests: Sequence[Request], capacity: int) -> Run:
@@ -346,26 +344,6 @@ def _fill(m: Any, keys: Sequence[BlockHash], chunk: int = 1000) -> None:
         m.complete_store(out.block_hashes_to_store)
 
 
-def replay_counting(m: Any, requests: Sequence[Request]) -> Run:
-    """:func:`replay_manager` for any manager with vLLM's API (no stats():
-    it counts from the answers, and so does the kvoffload run it is
-    compared with)."""
-    touch, lookup = m.touch, m.lookup
-    prepare_store, complete_store = m.prepare_store, m.complete_store
-    lookup_blocks = hit_blocks = stored = 0
-    t0 = time.process_time()
-    for hashes in requests:
-        touch(hashes)
-        n = lookup(hashes)
-        out = prepare_store(hashes[n:])
-        if out:
-            complete_store(out.block_hashes_to_store)
-            stored += len(out.block_hashes_to_store)
-        lookup_blocks += len(hashes)
-        hit_blocks += n
-    return Run(time.process_time() - t0, lookup_blocks, hit_blocks, stored)
-
-
 def against_vllm(vllm: Any) -> Callable[[str, list[Request], int, int], list[str]]:
     """The throughput table against vLLM's own LRU and ARC managers."""
 
@@ -381,7 +359,7 @@ def against_vllm(vllm: Any) -> Callable[[str, list[Request], int, int], list[str
                             m = new_manager(p, capacity)
                         else:
                             m = getattr(vllm, cls)(vllm.CPUBackend(BLOCK_SIZE, capacity))
-                        run = _timed(replay_counting, m, requests)
+                        run = _timed(replay_manager, m, requests)
                         if side not in best or run.seconds < best[side].seconds:
                             best[side] = run
                 ours, theirs = best["ours"], best["vllm"]
