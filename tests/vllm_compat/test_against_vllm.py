@@ -41,11 +41,13 @@ OP = st.one_of(
 )
 
 
-def _managers(vllm: Any, kind: str, capacity: int) -> tuple[Any, Any]:
+def _both(vllm: Any, kind: str, capacity: int, events: bool = False) -> tuple[Any, Any]:
+    """vLLM's manager and ours, of the same kind and capacity."""
     name = "LRUOffloadingManager" if kind == "lru" else "ARCOffloadingManager"
-    theirs = getattr(vllm, name)(vllm.CPUBackend(16, capacity), enable_events=True)
-    ours = getattr(kvoffload, name)(kvoffload.CPUBackend(16, capacity), enable_events=True)
-    return theirs, ours
+    return (
+        getattr(vllm, name)(vllm.CPUBackend(16, capacity), enable_events=events),
+        getattr(kvoffload, name)(kvoffload.CPUBackend(16, capacity), enable_events=events),
+    )
 
 
 def _lists(m: Any, kind: str, vllm_side: bool) -> dict[str, Any]:
@@ -81,7 +83,7 @@ def _ids(spec: Any) -> list[int]:
     program=st.lists(OP, min_size=10, max_size=60),
 )
 def test_same_answers_as_vllm(vllm: Any, kind: str, capacity: int, program: list[Any]) -> None:
-    theirs, ours = _managers(vllm, kind, capacity)
+    theirs, ours = _both(vllm, kind, capacity, events=True)
     for op, *args in program:
         if op == "store":
             named = [h for h in dict.fromkeys(args[0]) if h not in ours]
@@ -184,14 +186,6 @@ def _stored(m: Any, *hashes: bytes) -> None:
     m.complete_store(out.block_hashes_to_store)
 
 
-def _both(vllm: Any, kind: str, capacity: int) -> tuple[Any, Any]:
-    name = "LRUOffloadingManager" if kind == "lru" else "ARCOffloadingManager"
-    return (
-        getattr(vllm, name)(vllm.CPUBackend(16, capacity)),
-        getattr(kvoffload, name)(kvoffload.CPUBackend(16, capacity)),
-    )
-
-
 def test_defect1_arc_touch_of_a_store_in_flight(vllm: Any) -> None:
     for m in _both(vllm, "arc", 4):
         _stored(m, b"1")
@@ -257,8 +251,7 @@ def test_defect6_a_repeated_hash_takes_two_slots(vllm: Any) -> None:
 
 
 def test_defect9_events_pile_up_without_bound(vllm: Any) -> None:
-    theirs = vllm.LRUOffloadingManager(vllm.CPUBackend(16, 4), enable_events=True)
-    ours = kvoffload.LRUOffloadingManager(kvoffload.CPUBackend(16, 4), enable_events=True)
+    theirs, ours = _both(vllm, "lru", 4, events=True)
     calls = ours.event_log.capacity + 1
     for m in (theirs, ours):
         for i in range(calls):
