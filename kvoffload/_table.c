@@ -1,0 +1,2201 @@
+/*
+ * kvoffload._table: the block table in C.
+ *
+ * docs/block-table.md is the specification; kvoffload.table.PyBlockTable is
+ * the pure-Python reference this file is tested against
+ * (tests/core/test_table.py runs both on the same random programs).
+ *
+ * Layout
+ * ------
+ * Every entry (a resident block or a ghost) is one slot of a growable array
+ * of `Entry`. Free slots are chained through `next`; slots at and above
+ * `top` have never been used. Each entry sits on exactly one of 16
+ * intrusive doubly-linked lists: list `2*tag + parked` (the main and parked
+ * orders of the resident tags 0..3, and the single order of the ghost tags
+ * 4..7, whose "parked" list stays empty). Lists run oldest (head) to most
+ * recent (tail).
+ *
+ * The index is an open-addressing hash table of int32 entry numbers (-1:
+ * empty), a power of two in size, linear probing from a Fibonacci hash of
+ * the key's Python hash, load factor at most 0.6, deletion by backward
+ * shift (no tombstones). Removing an entry finds its slot by entry number,
+ * so it never calls back into Python.
+ *
+ * Calls into Python and atomicity
+ * -------------------------------
+ * Looking a key up may run Python code (a key's __hash__ and __eq__, a
+ * `protected` container's __contains__). Every method therefore works in
+ * two phases: phase 1 hashes each key once, looks every key up and checks
+ * everything (this is where exceptions come from; nothing has changed yet),
+ * allocating whatever phase 2 needs (result lists, room for new entries);
+ * phase 2 changes the table without calling Python code, so it cannot fail.
+ * While a method runs, `in_call` is set and any method called re-entrantly
+ * (from that Python code) raises RuntimeError, so the table cannot change
+ * under phase 1. The keys a method is given are copied (with new
+ * references) out of the caller's list before any Python code runs, so a
+ * key's __eq__ mutating that list cannot free them under us.
+ *
+ * References the table drops (keys of removed entries) are not released
+ * in phase 2: they are parked in `trash` (room reserved in phase 1) and
+ * released when the method is done, with `in_call` cleared, so a key's
+ * __del__ sees a consistent table and may even use it.
+ *
+ * The table holds strong references to its keys and handles. It does not
+ * take part in cyclic garbage collection: keys are block hashes (bytes)
+ * and handles block ids (ints), neither of which can refer back to it.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define N_RESIDENT 4
+#define N_TAGS 8
+#define N_LISTS 16
+#define MAIN(tag) ((tag) * 2)
+#define PARKED(tag) ((tag) * 2 + 1)
+#define MIN_CAP 8
+#define MIN_BITS 4
+#define MAX_ENTRIES (INT32_MAX - 1)
+/* keys a call snapshots on the stack before it needs the heap */
+#define SMALL_ITEMS 32
+#define SMALL_WALK 64
+
+typedef struct {
+    PyObject *key;    /* strong; NULL in a free slot */
+    Py_hash_t hash;   /* hash(key), computed once when the entry was made */
+    PyObject *handle; /* strong; NULL for a ghost (and a free slot) */
+    int32_t prev;     /* list neighbours, -1 at the ends */
+    int32_t next;     /* (a free slot: the next free slot) */
+    int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned */
+    uint8_t tag;      /* 0..3 resident, 4..7 ghost */
+    uint8_t parked;   /* on its tag's parked order */
+} Entry;
+
+_Static_assert(sizeof(Entry) <= 40, "an Entry must stay within 40 bytes");
+
+typedef struct {
+    int32_t head; /* oldest */
+    int32_t tail; /* most recent */
+    Py_ssize_t size;
+} List;
+
+typedef struct {
+    PyObject_HEAD
+    Entry *entries;
+    int32_t cap;       /* slots allocated */
+    int32_t top;       /* slots [0, top) have been handed out */
+    int32_t used;      /* entries alive: resident + ghosts */
+    int32_t free_head; /* chain of free slots below top */
+    int32_t *index;
+    int bits;          /* the index has 1 << bits slots */
+    size_t mask;
+    Py_ssize_t resident;
+    Py_ssize_t pinned;
+    Py_ssize_t in_flight;
+    Py_ssize_t walked; /* entries evictions walked past (a statistic) */
+    List lists[N_LISTS];
+    int8_t ready_to[N_RESIDENT];
+    int8_t in_flight_to[N_RESIDENT];
+    int8_t parked_to[N_RESIDENT];
+    char touch_ghosts;
+    char in_call;
+    PyObject **trash; /* references to drop once the current call is done */
+    Py_ssize_t ntrash;
+    Py_ssize_t trash_cap;
+} BlockTable;
+
+/* ------------------------------------------------------------------------ */
+/* errors                                                                   */
+
+static PyObject *
+reentered(void)
+{
+    PyErr_SetString(PyExc_RuntimeError,
+                    "BlockTable used re-entrantly: a key's __eq__/__hash__ or a "
+                    "protected container called back into the table during "
+                    "another call on it");
+    return NULL;
+}
+
+#define ENTER(t)                         \
+    do {                                 \
+        if ((t)->in_call)                \
+            return reentered();          \
+        (t)->in_call = 1;                \
+    } while (0)
+
+/* KeyError(key) / ValueError(key) with the key as the only argument (a
+   tuple key stays one argument) */
+static void
+raise_key(PyObject *type, PyObject *key)
+{
+    PyObject *args = PyTuple_Pack(1, key);
+    if (args != NULL) {
+        PyErr_SetObject(type, args);
+        Py_DECREF(args);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* tags and integers (messages as kvoffload.table's)                        */
+
+/* an exact int in [lo, hi) (no bool, no int subclass); -1 with ValueError
+   "<what> must be <lo>..<hi-1>, got <repr>" otherwise */
+static int
+exact_int_in(PyObject *o, long lo, long hi, long *out)
+{
+    if (PyLong_CheckExact(o)) {
+        int overflow;
+        long v = PyLong_AsLongAndOverflow(o, &overflow);
+        if (!overflow && v >= lo && v < hi) {
+            *out = v;
+            return 0;
+        }
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 1;
+}
+
+static int
+resident_tag(PyObject *o, int *out)
+{
+    long v;
+    int r = exact_int_in(o, 0, N_RESIDENT, &v);
+    if (r == 0) {
+        *out = (int)v;
+        return 0;
+    }
+    if (r > 0)
+        PyErr_Format(PyExc_ValueError, "resident tag must be 0..3, got %R", o);
+    return -1;
+}
+
+static int
+ghost_tag(PyObject *o, int *out)
+{
+    long v;
+    int r = exact_int_in(o, N_RESIDENT, N_TAGS, &v);
+    if (r == 0) {
+        *out = (int)v;
+        return 0;
+    }
+    if (r > 0)
+        PyErr_Format(PyExc_ValueError, "ghost tag must be 4..7, got %R", o);
+    return -1;
+}
+
+static int
+any_tag(PyObject *o, int *out)
+{
+    long v;
+    int r = exact_int_in(o, 0, N_TAGS, &v);
+    if (r == 0) {
+        *out = (int)v;
+        return 0;
+    }
+    if (r > 0)
+        PyErr_Format(PyExc_ValueError, "tag must be 0..7, got %R", o);
+    return -1;
+}
+
+/* `o == -1` as Python says it (an exact int fast) */
+static int
+is_minus_one(PyObject *o)
+{
+    if (PyLong_CheckExact(o)) {
+        int overflow;
+        long v = PyLong_AsLongAndOverflow(o, &overflow);
+        return !overflow && v == -1;
+    }
+    PyObject *m1 = PyLong_FromLong(-1);
+    if (m1 == NULL)
+        return -1;
+    int r = PyObject_RichCompareBool(o, m1, Py_EQ);
+    Py_DECREF(m1);
+    return r;
+}
+
+/* `list(obj)`, except that an exact list or tuple is used as it is */
+static PyObject *
+as_seq(PyObject *obj)
+{
+    if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))
+        return Py_NewRef(obj);
+    return PySequence_List(obj);
+}
+
+/* ------------------------------------------------------------------------ */
+/* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
+
+static int
+parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+           const char *const *names, int nreq, int nmax, PyObject **out)
+{
+    for (int i = 0; i < nmax; i++)
+        out[i] = NULL;
+    if (nargs > nmax) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname,
+                     nmax, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nkw; k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+            int j;
+            for (j = 0; j < nmax; j++) {
+                if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0)
+                    break;
+            }
+            if (j == nmax) {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                             fname, name);
+                return -1;
+            }
+            if (out[j] != NULL) {
+                PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
+                             fname, names[j]);
+                return -1;
+            }
+            out[j] = args[nargs + k];
+        }
+    }
+    for (int j = 0; j < nreq; j++) {
+        if (out[j] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
+                         fname, names[j], j + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the index                                                                */
+
+static inline size_t
+home(Py_hash_t hash, int bits)
+{
+    return (size_t)(((uint64_t)hash * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+}
+
+static int
+bits_for(Py_ssize_t count)
+{
+    int bits = MIN_BITS;
+    while ((size_t)count * 5 > ((size_t)1 << bits) * 3)
+        bits++;
+    return bits;
+}
+
+/* 1 equal, 0 not, -1 error; the caller has checked that the hashes match */
+static inline int
+keys_equal(PyObject *stored, PyObject *key)
+{
+    if (stored == key)
+        return 1;
+    if (PyBytes_CheckExact(stored) && PyBytes_CheckExact(key)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(stored);
+        return n == PyBytes_GET_SIZE(key) &&
+               memcmp(PyBytes_AS_STRING(stored), PyBytes_AS_STRING(key), (size_t)n) == 0;
+    }
+    return PyObject_RichCompareBool(stored, key, Py_EQ);
+}
+
+/* the entry of `key`, -1 if none, -2 with an exception set */
+static int32_t
+tbl_find(BlockTable *t, PyObject *key, Py_hash_t hash)
+{
+    size_t i = home(hash, t->bits);
+    for (;;) {
+        int32_t ix = t->index[i];
+        if (ix < 0)
+            return -1;
+        Entry *e = &t->entries[ix];
+        if (e->key == key)
+            return ix;
+        if (e->hash == hash) {
+            /* may run Python code: in_call keeps the table as it is */
+            int r = keys_equal(e->key, key);
+            if (r > 0)
+                return ix;
+            if (r < 0)
+                return -2;
+        }
+        i = (i + 1) & t->mask;
+    }
+}
+
+/* index entry `ix`, whose key is known to be absent; there is room */
+static inline void
+index_put(BlockTable *t, int32_t ix)
+{
+    size_t i = home(t->entries[ix].hash, t->bits);
+    while (t->index[i] >= 0)
+        i = (i + 1) & t->mask;
+    t->index[i] = ix;
+}
+
+/* take entry `ix` out of the index (backward-shift deletion) */
+static void
+index_del(BlockTable *t, int32_t ix)
+{
+    int32_t *index = t->index;
+    size_t mask = t->mask;
+    int bits = t->bits;
+    size_t i = home(t->entries[ix].hash, bits);
+    while (index[i] != ix)
+        i = (i + 1) & mask;
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        int32_t jx = index[j];
+        if (jx < 0)
+            break;
+        size_t k = home(t->entries[jx].hash, bits);
+        /* jx may fill the hole at i when i lies on its probe path [k, j) */
+        int movable = (j > i) ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            index[i] = jx;
+            i = j;
+        }
+    }
+    index[i] = -1;
+}
+
+/* a new index of 1 << bits slots holding every live entry; -1 (no
+   exception set) when out of memory, the old index kept */
+static int
+index_rebuild(BlockTable *t, int bits)
+{
+    size_t size = (size_t)1 << bits;
+    int32_t *ni = PyMem_Malloc(size * sizeof(int32_t));
+    if (ni == NULL)
+        return -1;
+    memset(ni, 0xff, size * sizeof(int32_t));
+    PyMem_Free(t->index);
+    t->index = ni;
+    t->bits = bits;
+    t->mask = size - 1;
+    for (int32_t i = 0; i < t->top; i++) {
+        if (t->entries[i].key != NULL)
+            index_put(t, i);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* entries and lists                                                        */
+
+/* room for `k` more entries (slots and index) without reallocating */
+static int
+tbl_reserve(BlockTable *t, Py_ssize_t k)
+{
+    if (k > (Py_ssize_t)MAX_ENTRIES - t->used) {
+        PyErr_SetString(PyExc_OverflowError, "a BlockTable holds at most 2**31 - 2 entries");
+        return -1;
+    }
+    Py_ssize_t need = t->used + k;
+    if (need > t->cap) {
+        Py_ssize_t nc = (Py_ssize_t)t->cap + t->cap / 2;
+        if (nc < need)
+            nc = need;
+        if (nc > MAX_ENTRIES)
+            nc = MAX_ENTRIES;
+        Entry *ne = PyMem_Realloc(t->entries, (size_t)nc * sizeof(Entry));
+        if (ne == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->entries = ne;
+        t->cap = (int32_t)nc;
+    }
+    if ((size_t)need * 5 > ((size_t)1 << t->bits) * 3) {
+        if (index_rebuild(t, bits_for(need)) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static inline int32_t
+entry_alloc(BlockTable *t)
+{
+    int32_t ix;
+    if (t->free_head >= 0) {
+        ix = t->free_head;
+        t->free_head = t->entries[ix].next;
+    }
+    else {
+        ix = t->top++;
+    }
+    t->used++;
+    return ix;
+}
+
+/* the slot only: the caller has unlinked it, taken it out of the index and
+   taken over its references */
+static inline void
+entry_free(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    e->key = NULL;
+    e->handle = NULL;
+    e->prev = -1;
+    e->next = t->free_head;
+    t->free_head = ix;
+    t->used--;
+}
+
+static inline void
+list_unlink(BlockTable *t, int32_t ix)
+{
+    Entry *E = t->entries;
+    Entry *e = &E[ix];
+    List *l = &t->lists[e->tag * 2 + e->parked];
+    if (e->prev >= 0)
+        E[e->prev].next = e->next;
+    else
+        l->head = e->next;
+    if (e->next >= 0)
+        E[e->next].prev = e->prev;
+    else
+        l->tail = e->prev;
+    l->size--;
+}
+
+/* to the most recent end of list L (which sets the entry's tag and parked) */
+static inline void
+list_append(BlockTable *t, int32_t ix, int L)
+{
+    Entry *E = t->entries;
+    Entry *e = &E[ix];
+    List *l = &t->lists[L];
+    e->tag = (uint8_t)(L >> 1);
+    e->parked = (uint8_t)(L & 1);
+    e->next = -1;
+    e->prev = l->tail;
+    if (l->tail >= 0)
+        E[l->tail].next = ix;
+    else
+        l->head = ix;
+    l->tail = ix;
+    l->size++;
+}
+
+/* to the oldest end of list L */
+static inline void
+list_prepend(BlockTable *t, int32_t ix, int L)
+{
+    Entry *E = t->entries;
+    Entry *e = &E[ix];
+    List *l = &t->lists[L];
+    e->tag = (uint8_t)(L >> 1);
+    e->parked = (uint8_t)(L & 1);
+    e->prev = -1;
+    e->next = l->head;
+    if (l->head >= 0)
+        E[l->head].prev = ix;
+    else
+        l->tail = ix;
+    l->head = ix;
+    l->size++;
+}
+
+/* renumber the live entries into a new array of `newcap` slots (list by
+   list, so lists become runs) and rebuild the index; nothing happens when
+   memory is short */
+static void
+tbl_compact(BlockTable *t, int32_t newcap)
+{
+    int bits = bits_for(2 * (Py_ssize_t)t->used);
+    size_t size = (size_t)1 << bits;
+    Entry *ne = PyMem_Malloc((size_t)newcap * sizeof(Entry));
+    int32_t *ni = PyMem_Malloc(size * sizeof(int32_t));
+    if (ne == NULL || ni == NULL) {
+        PyMem_Free(ne);
+        PyMem_Free(ni);
+        return;
+    }
+    Entry *E = t->entries;
+    int32_t k = 0;
+    for (int L = 0; L < N_LISTS; L++) {
+        List *l = &t->lists[L];
+        int32_t ix = l->head, prev = -1;
+        if (ix < 0)
+            continue;
+        l->head = k;
+        while (ix >= 0) {
+            int32_t nx = E[ix].next;
+            ne[k] = E[ix];
+            ne[k].prev = prev;
+            ne[k].next = -1;
+            if (prev >= 0)
+                ne[prev].next = k;
+            prev = k++;
+            ix = nx;
+        }
+        l->tail = prev;
+    }
+    PyMem_Free(E);
+    t->entries = ne;
+    t->cap = newcap;
+    t->top = k;
+    t->free_head = -1;
+    memset(ni, 0xff, size * sizeof(int32_t));
+    PyMem_Free(t->index);
+    t->index = ni;
+    t->bits = bits;
+    t->mask = size - 1;
+    for (int32_t i = 0; i < k; i++)
+        index_put(t, i);
+}
+
+/* give memory back after entries went away */
+static void
+tbl_shrink(BlockTable *t)
+{
+    if (t->cap > MIN_CAP && (Py_ssize_t)t->used * 4 < t->cap) {
+        int32_t nc = t->used * 2;
+        tbl_compact(t, nc < MIN_CAP ? MIN_CAP : nc);
+    }
+    else if (t->bits > MIN_BITS && (size_t)t->used * 8 < ((size_t)1 << t->bits)) {
+        (void)index_rebuild(t, bits_for(2 * (Py_ssize_t)t->used));
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* deferred releases                                                        */
+
+static int
+trash_reserve(BlockTable *t, Py_ssize_t k)
+{
+    if (k <= t->trash_cap - t->ntrash)
+        return 0;
+    Py_ssize_t nc = t->trash_cap * 2;
+    if (nc < t->ntrash + k)
+        nc = t->ntrash + k;
+    if (nc < 16)
+        nc = 16;
+    if ((size_t)nc > PY_SSIZE_T_MAX / sizeof(PyObject *)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **nt = PyMem_Realloc(t->trash, (size_t)nc * sizeof(PyObject *));
+    if (nt == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->trash = nt;
+    t->trash_cap = nc;
+    return 0;
+}
+
+static inline void
+trash_push(BlockTable *t, PyObject *o)
+{
+    t->trash[t->ntrash++] = o;
+}
+
+/* release what the call dropped; in_call is clear, so a __del__ may use
+   the table (and push and flush in turn: we pop one at a time) */
+static void
+trash_flush(BlockTable *t)
+{
+    while (t->ntrash > 0) {
+        PyObject *o = t->trash[--t->ntrash];
+        Py_DECREF(o);
+    }
+    if (t->trash_cap > 1024 && t->ntrash == 0) {
+        PyMem_Free(t->trash);
+        t->trash = NULL;
+        t->trash_cap = 0;
+    }
+}
+
+/* a resident entry leaves the table: out of its list and the index, its
+   key to the trash (room reserved), its handle returned (a new reference) */
+static PyObject *
+drop_resident(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    PyObject *handle = e->handle;
+    if (e->ref > 0)
+        t->pinned--;
+    else if (e->ref < 0)
+        t->in_flight--;
+    t->resident--;
+    list_unlink(t, ix);
+    index_del(t, ix);
+    trash_push(t, e->key);
+    entry_free(t, ix);
+    return handle;
+}
+
+/* a ghost leaves the table (trash room reserved) */
+static void
+drop_ghost(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    list_unlink(t, ix);
+    index_del(t, ix);
+    trash_push(t, e->key);
+    entry_free(t, ix);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the keys of a call                                                       */
+
+typedef struct {
+    PyObject *key;  /* strong */
+    PyObject *obj;  /* strong or NULL: insert's handle */
+    Py_hash_t hash;
+    int32_t ix;     /* its entry, -1 if none */
+    int32_t tag;    /* insert's tag */
+} Item;
+
+typedef struct {
+    Item *v;
+    Py_ssize_t n;
+    Item small[SMALL_ITEMS];
+} Items;
+
+static inline void
+items_init(Items *b)
+{
+    b->v = NULL;
+    b->n = 0;
+}
+
+/* new references to the items of `seq` (an exact list or tuple); no Python
+   code runs here */
+static int
+items_snapshot(Items *b, PyObject *seq)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **src = PySequence_Fast_ITEMS(seq);
+    if (n <= SMALL_ITEMS) {
+        b->v = b->small;
+    }
+    else {
+        if ((size_t)n > PY_SSIZE_T_MAX / sizeof(Item)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->v = PyMem_Malloc((size_t)n * sizeof(Item));
+        if (b->v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b->v[i];
+        it->key = Py_NewRef(src[i]);
+        it->obj = NULL;
+        it->hash = -1;
+        it->ix = -1;
+        it->tag = 0;
+    }
+    b->n = n;
+    return 0;
+}
+
+/* called with in_call clear: releasing may run Python code */
+static void
+items_release(Items *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        Py_DECREF(b->v[i].key);
+        Py_XDECREF(b->v[i].obj);
+    }
+    if (b->v != b->small)
+        PyMem_Free(b->v);
+    b->v = NULL;
+    b->n = 0;
+}
+
+/* hash item i and look it up: 0, or -1 with an exception */
+static inline int
+item_find(BlockTable *t, Item *it)
+{
+    Py_hash_t h = PyObject_Hash(it->key);
+    if (h == -1)
+        return -1;
+    it->hash = h;
+    int32_t ix = tbl_find(t, it->key, h);
+    if (ix == -2)
+        return -1;
+    it->ix = ix;
+    return 0;
+}
+
+/* look up every item in order; KeyError for the first one not resident */
+static int
+items_resident(BlockTable *t, Items *b)
+{
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        Item *it = &b->v[i];
+        if (item_find(t, it) < 0)
+            return -1;
+        if (it->ix < 0 || t->entries[it->ix].tag >= N_RESIDENT) {
+            raise_key(PyExc_KeyError, it->key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* the end of a method: clear in_call, then release what it held */
+static PyObject *
+leave(BlockTable *t, Items *b, PyObject *seq, PyObject *res)
+{
+    t->in_call = 0;
+    if (b != NULL)
+        items_release(b);
+    Py_XDECREF(seq);
+    trash_flush(t);
+    return res;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the type: construction and destruction                                   */
+
+static PyObject *
+BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) != 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "BlockTable() takes no arguments");
+        return NULL;
+    }
+    BlockTable *t = (BlockTable *)type->tp_alloc(type, 0);
+    if (t == NULL)
+        return NULL;
+    size_t size = (size_t)1 << MIN_BITS;
+    t->entries = PyMem_Malloc(MIN_CAP * sizeof(Entry));
+    t->index = PyMem_Malloc(size * sizeof(int32_t));
+    if (t->entries == NULL || t->index == NULL) {
+        Py_DECREF(t);
+        return PyErr_NoMemory();
+    }
+    memset(t->index, 0xff, size * sizeof(int32_t));
+    t->cap = MIN_CAP;
+    t->top = 0;
+    t->used = 0;
+    t->free_head = -1;
+    t->bits = MIN_BITS;
+    t->mask = size - 1;
+    for (int L = 0; L < N_LISTS; L++) {
+        t->lists[L].head = t->lists[L].tail = -1;
+        t->lists[L].size = 0;
+    }
+    for (int i = 0; i < N_RESIDENT; i++)
+        t->ready_to[i] = t->in_flight_to[i] = t->parked_to[i] = (int8_t)i;
+    t->touch_ghosts = 0;
+    t->in_call = 0;
+    t->trash = NULL;
+    t->ntrash = t->trash_cap = 0;
+    return (PyObject *)t;
+}
+
+static void
+BT_dealloc(BlockTable *t)
+{
+    Entry *E = t->entries;
+    int32_t top = t->top;
+    t->entries = NULL;
+    t->top = t->used = 0;
+    PyMem_Free(t->index);
+    t->index = NULL;
+    trash_flush(t);
+    PyMem_Free(t->trash);
+    if (E != NULL) {
+        for (int32_t i = 0; i < top; i++) {
+            Py_XDECREF(E[i].key);
+            Py_XDECREF(E[i].handle);
+        }
+        PyMem_Free(E);
+    }
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* reading                                                                  */
+
+static Py_ssize_t
+BT_len(BlockTable *t)
+{
+    return t->resident;
+}
+
+/* the entry of one key: -1 none, -2 error */
+static int32_t
+find_one(BlockTable *t, PyObject *key)
+{
+    Py_hash_t h = PyObject_Hash(key);
+    if (h == -1)
+        return -2;
+    return tbl_find(t, key, h);
+}
+
+static int
+BT_contains(BlockTable *t, PyObject *key)
+{
+    if (t->in_call) {
+        reentered();
+        return -1;
+    }
+    t->in_call = 1;
+    int32_t ix = find_one(t, key);
+    t->in_call = 0;
+    if (ix == -2)
+        return -1;
+    return ix >= 0 && t->entries[ix].tag < N_RESIDENT;
+}
+
+static PyObject *
+BT_get(BlockTable *t, PyObject *key)
+{
+    ENTER(t);
+    int32_t ix = find_one(t, key);
+    PyObject *res;
+    if (ix == -2)
+        res = NULL;
+    else if (ix < 0 || t->entries[ix].tag >= N_RESIDENT)
+        res = Py_NewRef(Py_None);
+    else
+        res = Py_NewRef(t->entries[ix].handle);
+    t->in_call = 0;
+    return res;
+}
+
+static PyObject *
+BT_ref(BlockTable *t, PyObject *key)
+{
+    ENTER(t);
+    int32_t ix = find_one(t, key);
+    PyObject *res;
+    if (ix == -2)
+        res = NULL;
+    else if (ix < 0 || t->entries[ix].tag >= N_RESIDENT)
+        res = Py_NewRef(Py_None);
+    else
+        res = PyLong_FromLong(t->entries[ix].ref);
+    t->in_call = 0;
+    return res;
+}
+
+static PyObject *
+BT_tag_of(BlockTable *t, PyObject *key)
+{
+    ENTER(t);
+    int32_t ix = find_one(t, key);
+    t->in_call = 0;
+    if (ix == -2)
+        return NULL;
+    return PyLong_FromLong(ix < 0 ? -1 : t->entries[ix].tag);
+}
+
+static PyObject *
+BT_tags(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    PyObject *out = PyList_New(b.n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        if (item_find(t, &b.v[i]) < 0) {
+            Py_DECREF(out);
+            goto done;
+        }
+        int32_t ix = b.v[i].ix;
+        /* -1..7 are cached small ints: this cannot fail */
+        PyList_SET_ITEM(out, i, PyLong_FromLong(ix < 0 ? -1 : t->entries[ix].tag));
+    }
+    res = out;
+done:
+    return leave(t, &b, seq, res);
+}
+
+static PyObject *
+BT_size(BlockTable *t, PyObject *tag)
+{
+    int tg;
+    if (any_tag(tag, &tg) < 0)
+        return NULL;
+    if (t->in_call)
+        return reentered();
+    if (tg < N_RESIDENT)
+        return PyLong_FromSsize_t(t->lists[MAIN(tg)].size + t->lists[PARKED(tg)].size);
+    return PyLong_FromSsize_t(t->lists[MAIN(tg)].size);
+}
+
+static PyObject *
+BT_parked_size(BlockTable *t, PyObject *tag)
+{
+    int tg;
+    if (any_tag(tag, &tg) < 0)
+        return NULL;
+    if (t->in_call)
+        return reentered();
+    return PyLong_FromSsize_t(tg < N_RESIDENT ? t->lists[PARKED(tg)].size : 0);
+}
+
+static PyObject *
+BT_lookup(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    Py_ssize_t i;
+    for (i = 0; i < b.n; i++) {
+        if (item_find(t, &b.v[i]) < 0)
+            goto done;
+        int32_t ix = b.v[i].ix;
+        if (ix < 0)
+            break;
+        Entry *e = &t->entries[ix];
+        if (e->tag >= N_RESIDENT || e->ref < 0)
+            break;
+    }
+    res = PyLong_FromSsize_t(i);
+done:
+    return leave(t, &b, seq, res);
+}
+
+static PyObject *
+BT_absent(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        if (item_find(t, &b.v[i]) < 0)
+            goto done;
+    }
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        int32_t ix = b.v[i].ix;
+        count += ix < 0 || t->entries[ix].tag >= N_RESIDENT;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0, k = 0; i < b.n; i++) {
+        int32_t ix = b.v[i].ix;
+        if (ix < 0 || t->entries[ix].tag >= N_RESIDENT)
+            PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
+    }
+    res = out;
+done:
+    return leave(t, &b, seq, res);
+}
+
+/* items(tag) (pairs true) or keys(tag) */
+static PyObject *
+list_of_tag(BlockTable *t, PyObject *tag, int pairs)
+{
+    int tg;
+    if (any_tag(tag, &tg) < 0)
+        return NULL;
+    ENTER(t);
+    Py_ssize_t n = t->lists[MAIN(tg)].size + (tg < N_RESIDENT ? t->lists[PARKED(tg)].size : 0);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        t->in_call = 0;
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    int nlists = tg < N_RESIDENT ? 2 : 1;
+    for (int p = 0; p < nlists; p++) {
+        for (int32_t ix = t->lists[MAIN(tg) + p].head; ix >= 0; ix = t->entries[ix].next) {
+            Entry *e = &t->entries[ix];
+            PyObject *o;
+            if (pairs)
+                o = PyTuple_Pack(2, e->key, e->handle != NULL ? e->handle : Py_None);
+            else
+                o = Py_NewRef(e->key);
+            if (o == NULL) {
+                Py_DECREF(out);
+                t->in_call = 0;
+                return NULL;
+            }
+            PyList_SET_ITEM(out, k++, o);
+        }
+    }
+    t->in_call = 0;
+    return out;
+}
+
+static PyObject *
+BT_items(BlockTable *t, PyObject *tag)
+{
+    return list_of_tag(t, tag, 1);
+}
+
+static PyObject *
+BT_keys(BlockTable *t, PyObject *tag)
+{
+    return list_of_tag(t, tag, 0);
+}
+
+static PyObject *
+BT_memory_bytes(BlockTable *t, PyObject *Py_UNUSED(ignored))
+{
+    size_t bytes = (size_t)t->cap * sizeof(Entry) + ((size_t)1 << t->bits) * sizeof(int32_t);
+    return PyLong_FromSize_t(bytes);
+}
+
+static PyObject *
+BT_sizeof(BlockTable *t, PyObject *Py_UNUSED(ignored))
+{
+    size_t bytes = (size_t)Py_TYPE(t)->tp_basicsize + (size_t)t->cap * sizeof(Entry) +
+                   ((size_t)1 << t->bits) * sizeof(int32_t) +
+                   (size_t)t->trash_cap * sizeof(PyObject *);
+    return PyLong_FromSize_t(bytes);
+}
+
+/* ------------------------------------------------------------------------ */
+/* insert                                                                   */
+
+/* 1 if item i equals an earlier item, 0 if not, -1 error. Small calls
+   compare hashes pairwise; large ones use a scratch hash set of positions */
+#define SMALL_DUP 128
+
+typedef struct {
+    int32_t *slots;
+    size_t mask;
+    int bits;
+    int32_t small[SMALL_DUP];
+} DupSet;
+
+static int
+dupset_init(DupSet *s, Py_ssize_t n)
+{
+    int bits = 3;
+    while (((size_t)1 << bits) < (size_t)n * 2)
+        bits++;
+    size_t size = (size_t)1 << bits;
+    if (size <= SMALL_DUP) {
+        s->slots = s->small;
+    }
+    else if ((s->slots = PyMem_Malloc(size * sizeof(int32_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(s->slots, 0xff, size * sizeof(int32_t));
+    s->mask = size - 1;
+    s->bits = bits;
+    return 0;
+}
+
+static int
+dupset_add(DupSet *s, Item *v, int32_t i)
+{
+    size_t k = home(v[i].hash, s->bits);
+    for (;;) {
+        int32_t j = s->slots[k];
+        if (j < 0) {
+            s->slots[k] = i;
+            return 0;
+        }
+        if (v[j].hash == v[i].hash) {
+            int r = keys_equal(v[j].key, v[i].key);
+            if (r != 0)
+                return r;
+        }
+        k = (k + 1) & s->mask;
+    }
+}
+
+static PyObject *
+BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"hashes", "handles", "tag"};
+    PyObject *a[3];
+    if (parse_args("insert", args, nargs, kwnames, names, 3, 3, a) < 0)
+        return NULL;
+    PyObject *hs = NULL, *hd = NULL, *tg = NULL;
+    Items b;
+    items_init(&b);
+    DupSet dup;
+    dup.slots = NULL;
+    PyObject *res = NULL;
+    int entered = 0;
+
+    hs = as_seq(a[0]);
+    if (hs == NULL)
+        goto fail;
+    hd = as_seq(a[1]);
+    if (hd == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hs);
+    if (n != PySequence_Fast_GET_SIZE(hd)) {
+        PyErr_Format(PyExc_ValueError, "%zd hashes but %zd handles", n,
+                     PySequence_Fast_GET_SIZE(hd));
+        goto fail;
+    }
+    int single = -1;
+    if (PyLong_CheckExact(a[2])) {
+        if (resident_tag(a[2], &single) < 0)
+            goto fail;
+    }
+    else {
+        tg = PySequence_List(a[2]);
+        if (tg == NULL)
+            goto fail;
+        Py_ssize_t m = PyList_GET_SIZE(tg);
+        int dummy;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (resident_tag(PyList_GET_ITEM(tg, i), &dummy) < 0)
+                goto fail;
+        }
+        if (m != n) {
+            PyErr_Format(PyExc_ValueError, "%zd hashes but %zd tags", n, m);
+            goto fail;
+        }
+    }
+    if (t->in_call) {
+        reentered();
+        goto fail;
+    }
+    t->in_call = 1;
+    entered = 1;
+    /* hs, hd and tg are ours or exact lists/tuples: nothing has run
+       Python code since their lengths were read */
+    if (n != PySequence_Fast_GET_SIZE(hs) || n != PySequence_Fast_GET_SIZE(hd) ||
+        (tg != NULL && n != PyList_GET_SIZE(tg))) {
+        PyErr_SetString(PyExc_RuntimeError, "insert(): arguments changed size");
+        goto fail;
+    }
+    if (items_snapshot(&b, hs) < 0)
+        goto fail;
+    PyObject **hsrc = PySequence_Fast_ITEMS(hd);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        b.v[i].obj = Py_NewRef(hsrc[i]);
+        if (tg != NULL) {
+            long v;
+            (void)exact_int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
+            b.v[i].tag = (int32_t)v;
+        }
+        else {
+            b.v[i].tag = single;
+        }
+    }
+    if (n > 8 && dupset_init(&dup, n) < 0)
+        goto fail;
+    Py_ssize_t ghosts = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b.v[i];
+        if (item_find(t, it) < 0)
+            goto fail;
+        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
+            raise_key(PyExc_ValueError, it->key);
+            goto fail;
+        }
+        int r = 0;
+        if (dup.slots != NULL) {
+            r = dupset_add(&dup, b.v, (int32_t)i);
+        }
+        else {
+            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
+                if (b.v[j].hash == it->hash)
+                    r = keys_equal(b.v[j].key, it->key);
+            }
+        }
+        if (r < 0)
+            goto fail;
+        if (r > 0) {
+            raise_key(PyExc_ValueError, it->key);
+            goto fail;
+        }
+        ghosts += it->ix >= 0;
+    }
+    /* room for the new entries (entry numbers found above stay valid: the
+       array may move, the index be rebuilt, but entries keep their numbers) */
+    if (tbl_reserve(t, n - ghosts) < 0 || trash_reserve(t, ghosts) < 0)
+        goto fail;
+
+    /* phase 2: cannot fail */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b.v[i];
+        int32_t ix = it->ix;
+        Entry *e;
+        if (ix >= 0) { /* a ghost becomes the new entry */
+            list_unlink(t, ix);
+            e = &t->entries[ix];
+            trash_push(t, e->key);
+            e->key = Py_NewRef(it->key);
+        }
+        else {
+            ix = entry_alloc(t);
+            e = &t->entries[ix];
+            e->key = Py_NewRef(it->key);
+            e->hash = it->hash;
+            index_put(t, ix);
+        }
+        e->handle = Py_NewRef(it->obj);
+        e->ref = -1;
+        list_append(t, ix, MAIN(it->tag));
+    }
+    t->resident += n;
+    t->in_flight += n;
+    res = Py_NewRef(Py_None);
+fail:
+    if (dup.slots != dup.small)
+        PyMem_Free(dup.slots);
+    if (entered) {
+        res = leave(t, &b, hs, res);
+    }
+    else {
+        items_release(&b);
+        Py_XDECREF(hs);
+    }
+    Py_XDECREF(hd);
+    Py_XDECREF(tg);
+    return res;
+}
+
+/* ------------------------------------------------------------------------ */
+/* complete, fail, pin, unpin                                               */
+
+/* the common start: `hashes` as a snapshot, in_call set, every hash
+   resident (KeyError for the first that is not). Returns the sequence (to
+   hand to leave()) or NULL (in_call clear again) */
+static PyObject *
+begin_resident(BlockTable *t, PyObject *hashes, Items *b)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        reentered();
+        return NULL;
+    }
+    t->in_call = 1;
+    if (items_snapshot(b, seq) < 0 || items_resident(t, b) < 0) {
+        leave(t, b, seq, NULL);
+        return NULL;
+    }
+    return seq;
+}
+
+/* distinct in-flight entries among the items (marks ref -2, then undoes) */
+static Py_ssize_t
+count_in_flight(BlockTable *t, Items *b)
+{
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        Entry *e = &t->entries[b->v[i].ix];
+        if (e->ref == -1) {
+            e->ref = -2;
+            count++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < b->n; i++) {
+        Entry *e = &t->entries[b->v[i].ix];
+        if (e->ref == -2)
+            e->ref = -1;
+    }
+    return count;
+}
+
+static PyObject *
+BT_complete(BlockTable *t, PyObject *hashes)
+{
+    Items b;
+    items_init(&b);
+    PyObject *seq = begin_resident(t, hashes, &b);
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyList_New(count_in_flight(t, &b));
+    if (out != NULL) {
+        Py_ssize_t k = 0;
+        for (Py_ssize_t i = 0; i < b.n; i++) {
+            Entry *e = &t->entries[b.v[i].ix];
+            if (e->ref == -1) {
+                e->ref = 0;
+                t->in_flight--;
+                PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
+            }
+        }
+    }
+    return leave(t, &b, seq, out);
+}
+
+static PyObject *
+BT_fail(BlockTable *t, PyObject *hashes)
+{
+    Items b;
+    items_init(&b);
+    PyObject *seq = begin_resident(t, hashes, &b);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = count_in_flight(t, &b);
+    PyObject *out = NULL;
+    if (trash_reserve(t, count) == 0)
+        out = PyList_New(count);
+    if (out != NULL) {
+        Py_ssize_t k = 0;
+        for (Py_ssize_t i = 0; i < b.n; i++) {
+            int32_t ix = b.v[i].ix;
+            Entry *e = &t->entries[ix];
+            /* a slot freed earlier in this loop has no key */
+            if (e->key != NULL && e->ref == -1)
+                PyList_SET_ITEM(out, k++, drop_resident(t, ix));
+        }
+        tbl_shrink(t);
+    }
+    return leave(t, &b, seq, out);
+}
+
+static PyObject *
+BT_pin(BlockTable *t, PyObject *hashes)
+{
+    Items b;
+    items_init(&b);
+    PyObject *seq = begin_resident(t, hashes, &b);
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        Entry *e = &t->entries[b.v[i].ix];
+        if (e->ref < 0) {
+            raise_key(PyExc_ValueError, b.v[i].key);
+            goto done;
+        }
+        if (e->ref > INT32_MAX - b.n) {
+            PyErr_SetString(PyExc_OverflowError, "pin(): reference count too large");
+            goto done;
+        }
+    }
+    out = PyList_New(b.n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        Entry *e = &t->entries[b.v[i].ix];
+        if (e->ref++ == 0)
+            t->pinned++;
+        PyList_SET_ITEM(out, i, Py_NewRef(e->handle));
+    }
+done:
+    return leave(t, &b, seq, out);
+}
+
+static PyObject *
+BT_unpin(BlockTable *t, PyObject *hashes)
+{
+    Items b;
+    items_init(&b);
+    PyObject *seq = begin_resident(t, hashes, &b);
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = b.n;
+    if (n > INT32_MAX / 2) {
+        PyErr_SetString(PyExc_OverflowError, "unpin(): too many hashes");
+        goto done;
+    }
+    /* take every occurrence off tentatively: an entry below 0 was named
+       more times than its ref; the first position showing one is the first
+       occurrence of the first such hash */
+    for (Py_ssize_t i = 0; i < n; i++)
+        t->entries[b.v[i].ix].ref--;
+    Py_ssize_t bad = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (t->entries[b.v[i].ix].ref < 0) {
+            bad = i;
+            break;
+        }
+    }
+    /* undo, backwards: the first time an entry is seen is its last
+       occurrence, where it shows its final ref */
+    Py_ssize_t released = 0;
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        Entry *e = &t->entries[b.v[i].ix];
+        released += e->ref == 0;
+        e->ref++;
+    }
+    if (bad >= 0) {
+        raise_key(PyExc_ValueError, b.v[bad].key);
+        goto done;
+    }
+    out = PyList_New(released);
+    if (out == NULL)
+        goto done;
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t ix = b.v[i].ix;
+        Entry *e = &t->entries[ix];
+        if (--e->ref == 0) {
+            t->pinned--;
+            PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
+            if (e->parked) {
+                list_unlink(t, ix);
+                list_append(t, ix, MAIN(e->tag));
+            }
+        }
+    }
+done:
+    return leave(t, &b, seq, out);
+}
+
+/* ------------------------------------------------------------------------ */
+/* remove, move, relist, clear_tag, trim                                    */
+
+static PyObject *
+BT_remove(BlockTable *t, PyObject *key)
+{
+    ENTER(t);
+    PyObject *res = NULL;
+    int32_t ix = find_one(t, key);
+    if (ix == -2)
+        goto done;
+    if (ix < 0 || t->entries[ix].tag >= N_RESIDENT) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (trash_reserve(t, 1) < 0)
+        goto done;
+    res = drop_resident(t, ix);
+    tbl_shrink(t);
+done:
+    return leave(t, NULL, NULL, res);
+}
+
+static PyObject *
+BT_move(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"h", "tag", "last"};
+    PyObject *a[3];
+    int tag;
+    if (parse_args("move", args, nargs, kwnames, names, 2, 3, a) < 0)
+        return NULL;
+    if (resident_tag(a[1], &tag) < 0)
+        return NULL;
+    ENTER(t);
+    int32_t ix = find_one(t, a[0]);
+    if (ix == -2)
+        goto fail;
+    if (ix < 0 || t->entries[ix].tag >= N_RESIDENT) {
+        raise_key(PyExc_KeyError, a[0]);
+        goto fail;
+    }
+    if (t->entries[ix].parked) {
+        raise_key(PyExc_ValueError, a[0]);
+        goto fail;
+    }
+    int last = a[2] == NULL ? 1 : PyObject_IsTrue(a[2]);
+    if (last < 0)
+        goto fail;
+    list_unlink(t, ix);
+    if (last)
+        list_append(t, ix, MAIN(tag));
+    else
+        list_prepend(t, ix, MAIN(tag));
+    t->in_call = 0;
+    Py_RETURN_NONE;
+fail:
+    t->in_call = 0;
+    return NULL;
+}
+
+static PyObject *
+BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"hashes", "tag"};
+    PyObject *a[2];
+    int tag;
+    if (parse_args("relist", args, nargs, kwnames, names, 2, 2, a) < 0)
+        return NULL;
+    if (resident_tag(a[1], &tag) < 0)
+        return NULL;
+    Items b;
+    items_init(&b);
+    PyObject *seq = begin_resident(t, a[0], &b);
+    if (seq == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        int32_t ix = b.v[i].ix;
+        list_unlink(t, ix);
+        list_append(t, ix, MAIN(tag));
+    }
+    return leave(t, &b, seq, Py_NewRef(Py_None));
+}
+
+/* drop the oldest ghosts of ghost tag `tag` until `keep` remain */
+static Py_ssize_t
+drop_ghosts(BlockTable *t, int tag, Py_ssize_t keep)
+{
+    List *l = &t->lists[MAIN(tag)];
+    Py_ssize_t dropped = 0;
+    while (l->size > keep) {
+        drop_ghost(t, l->head);
+        dropped++;
+    }
+    return dropped;
+}
+
+static PyObject *
+BT_clear_tag(BlockTable *t, PyObject *tag)
+{
+    int tg;
+    if (ghost_tag(tag, &tg) < 0)
+        return NULL;
+    ENTER(t);
+    PyObject *res = NULL;
+    if (trash_reserve(t, t->lists[MAIN(tg)].size) == 0) {
+        drop_ghosts(t, tg, 0);
+        tbl_shrink(t);
+        res = Py_NewRef(Py_None);
+    }
+    return leave(t, NULL, NULL, res);
+}
+
+static PyObject *
+BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"tag", "keep"};
+    PyObject *a[2];
+    int tg;
+    if (parse_args("trim", args, nargs, kwnames, names, 2, 2, a) < 0)
+        return NULL;
+    if (ghost_tag(a[0], &tg) < 0)
+        return NULL;
+    Py_ssize_t keep = -1;
+    if (PyLong_CheckExact(a[1])) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(a[1], &overflow);
+        keep = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX
+               : overflow < 0 || v < 0          ? -1
+                                                : (Py_ssize_t)v;
+    }
+    if (keep < 0) {
+        PyErr_Format(PyExc_ValueError, "keep must be an int >= 0, got %R", a[1]);
+        return NULL;
+    }
+    ENTER(t);
+    PyObject *res = NULL;
+    Py_ssize_t size = t->lists[MAIN(tg)].size;
+    if (trash_reserve(t, size > keep ? size - keep : 0) == 0) {
+        Py_ssize_t dropped = drop_ghosts(t, tg, keep);
+        tbl_shrink(t);
+        res = PyLong_FromSsize_t(dropped); /* after the drop: cannot undo */
+    }
+    return leave(t, NULL, NULL, res);
+}
+
+/* ------------------------------------------------------------------------ */
+/* touch                                                                    */
+
+/* tuple(obj) as 4 tags in [lo, 3]; ValueError as kvoffload.table's */
+static int
+parse_rules(const char *name, PyObject *obj, int lo, int8_t out[N_RESIDENT])
+{
+    PyObject *tup = PySequence_Tuple(obj);
+    if (tup == NULL)
+        return -1;
+    int ok = PyTuple_GET_SIZE(tup) == N_RESIDENT;
+    for (Py_ssize_t i = 0; ok && i < N_RESIDENT; i++) {
+        long v = 0;
+        int r = exact_int_in(PyTuple_GET_ITEM(tup, i), lo, N_RESIDENT, &v);
+        if (r < 0) {
+            Py_DECREF(tup);
+            return -1;
+        }
+        ok = r == 0;
+        out[i] = (int8_t)v;
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "%s must be 4 tags, each %s; got %R", name,
+                     lo < 0 ? "-1 (stay) or 0..3" : "0..3", tup);
+        Py_DECREF(tup);
+        return -1;
+    }
+    Py_DECREF(tup);
+    return 0;
+}
+
+static PyObject *
+BT_set_touch_rules(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"ready", "in_flight", "parked", "ghosts"};
+    PyObject *a[4];
+    int8_t ready[N_RESIDENT], flying[N_RESIDENT], parked[N_RESIDENT];
+    if (parse_args("set_touch_rules", args, nargs, kwnames, names, 4, 4, a) < 0)
+        return NULL;
+    if (parse_rules("ready", a[0], 0, ready) < 0 ||
+        parse_rules("in_flight", a[1], -1, flying) < 0 ||
+        parse_rules("parked", a[2], 0, parked) < 0)
+        return NULL;
+    int ghosts = PyObject_IsTrue(a[3]);
+    if (ghosts < 0)
+        return NULL;
+    ENTER(t);
+    memcpy(t->ready_to, ready, sizeof ready);
+    memcpy(t->in_flight_to, flying, sizeof flying);
+    memcpy(t->parked_to, parked, sizeof parked);
+    t->touch_ghosts = (char)ghosts;
+    t->in_call = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+BT_touch(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    /* visiting order is last to first; look up in that order too */
+    Py_ssize_t hits = 0;
+    for (Py_ssize_t i = b.n - 1; i >= 0; i--) {
+        if (item_find(t, &b.v[i]) < 0)
+            goto done;
+        int32_t ix = b.v[i].ix;
+        hits += ix >= 0 && t->entries[ix].tag >= N_RESIDENT;
+    }
+    PyObject *out = NULL;
+    if (t->touch_ghosts && hits > 0) {
+        out = PyList_New(hits);
+        if (out == NULL)
+            goto done;
+    }
+    Py_ssize_t k = 0;
+    Entry *E = t->entries;
+    for (Py_ssize_t i = b.n - 1; i >= 0; i--) {
+        int32_t ix = b.v[i].ix;
+        if (ix < 0)
+            continue;
+        Entry *e = &E[ix];
+        int tag = e->tag;
+        int dest;
+        if (tag >= N_RESIDENT) {
+            if (out == NULL)
+                continue;
+            list_unlink(t, ix);
+            list_append(t, ix, MAIN(tag));
+            PyList_SET_ITEM(out, k++, PyLong_FromLong(tag)); /* cached small int */
+        }
+        else if (!e->parked) {
+            dest = e->ref >= 0 ? t->ready_to[tag] : t->in_flight_to[tag];
+            if (dest < 0)
+                continue;
+            list_unlink(t, ix);
+            list_append(t, ix, MAIN(dest));
+        }
+        else {
+            dest = t->parked_to[tag];
+            if (dest == tag)
+                continue;
+            list_unlink(t, ix);
+            list_append(t, ix, PARKED(dest));
+        }
+    }
+    res = out != NULL ? out : Py_NewRef(Py_None);
+done:
+    return leave(t, &b, seq, res);
+}
+
+/* ------------------------------------------------------------------------ */
+/* evict                                                                    */
+
+enum { W_PINNED, W_FLYING, W_VICTIM };
+
+typedef struct {
+    int32_t ix;
+    uint8_t kind;
+    uint8_t side; /* 0: list a, 1: list b */
+} Walk;
+
+typedef struct {
+    Walk *v;
+    Py_ssize_t n, cap;
+    Walk small[SMALL_WALK];
+} Walks;
+
+static int
+walks_push(Walks *w, int32_t ix, int kind, int side)
+{
+    if (w->n == w->cap) {
+        Py_ssize_t nc = w->cap * 2;
+        Walk *nv;
+        if (w->v == w->small) {
+            nv = PyMem_Malloc((size_t)nc * sizeof(Walk));
+            if (nv != NULL)
+                memcpy(nv, w->small, sizeof w->small);
+        }
+        else {
+            nv = PyMem_Realloc(w->v, (size_t)nc * sizeof(Walk));
+        }
+        if (nv == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->v = nv;
+        w->cap = nc;
+    }
+    Walk *x = &w->v[w->n++];
+    x->ix = ix;
+    x->kind = (uint8_t)kind;
+    x->side = (uint8_t)side;
+    return 0;
+}
+
+enum { P_EMPTY, P_SET, P_DICT, P_ANY };
+
+/* walk a list from *cur until `*found` reaches `want`; records the pinned,
+   in-flight and victim entries it passes. 0, or -1 with an exception */
+static int
+walk_list(BlockTable *t, int32_t *cur, int side, Py_ssize_t want, Py_ssize_t *found,
+          Py_ssize_t *side_found, Walks *w, PyObject *prot, int pmode)
+{
+    while (*found < want && *cur >= 0) {
+        int32_t ix = *cur;
+        Entry *e = &t->entries[ix];
+        t->walked++;
+        *cur = e->next;
+        int kind;
+        if (e->ref > 0) {
+            kind = W_PINNED;
+        }
+        else if (e->ref < 0) {
+            kind = W_FLYING;
+        }
+        else {
+            int r;
+            switch (pmode) {
+            case P_EMPTY:
+                r = 0;
+                break;
+            case P_SET:
+                r = PySet_Contains(prot, e->key);
+                break;
+            case P_DICT:
+                r = PyDict_Contains(prot, e->key);
+                break;
+            default:
+                r = PySequence_Contains(prot, e->key);
+                break;
+            }
+            if (r < 0)
+                return -1;
+            if (r > 0)
+                continue; /* protected: stays where it is */
+            kind = W_VICTIM;
+            (*found)++;
+            (*side_found)++;
+        }
+        if (walks_push(w, ix, kind, side) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"a", "b", "first", "n", "protected", "ghost_a", "ghost_b"};
+    PyObject *a[7];
+    int ta, tb = -1, ga = -1, gb = -1;
+    if (parse_args("evict", args, nargs, kwnames, names, 5, 7, a) < 0)
+        return NULL;
+    if (resident_tag(a[0], &ta) < 0)
+        return NULL;
+    int r = is_minus_one(a[1]);
+    if (r < 0)
+        return NULL;
+    if (!r) {
+        if (resident_tag(a[1], &tb) < 0)
+            return NULL;
+        if (tb == ta) {
+            PyErr_Format(PyExc_ValueError, "a and b must be different tags, got %d twice", ta);
+            return NULL;
+        }
+    }
+    for (int s = 0; s < (tb < 0 ? 1 : 2); s++) {
+        PyObject *g = a[5 + s];
+        int *out = s ? &gb : &ga;
+        if (g == NULL)
+            continue;
+        r = is_minus_one(g);
+        if (r < 0)
+            return NULL;
+        if (!r && ghost_tag(g, out) < 0)
+            return NULL;
+    }
+    Py_ssize_t first, n;
+    if (!PyLong_CheckExact(a[2])) {
+        PyErr_Format(PyExc_TypeError, "first must be an int, got %R", a[2]);
+        return NULL;
+    }
+    if (!PyLong_CheckExact(a[3])) {
+        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", a[3]);
+        return NULL;
+    }
+    n = PyLong_AsSsize_t(a[3]);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
+        return NULL;
+    }
+    {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
+        /* a negative first walks a for nothing first, as min(first, n) does */
+        first = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX
+                : overflow < 0 || v < 0          ? 0
+                                                 : (Py_ssize_t)v;
+    }
+    if (first > n)
+        first = n;
+    PyObject *prot = a[4];
+    ENTER(t);
+
+    Walks w;
+    w.v = w.small;
+    w.n = 0;
+    w.cap = SMALL_WALK;
+    PyObject *res = NULL;
+    PyObject *hashes = NULL, *handles = NULL, *na_obj = NULL;
+    if (n == 0) {
+        res = Py_BuildValue("([][]i)", 0);
+        goto done;
+    }
+    List *la = &t->lists[MAIN(ta)];
+    List *lb = tb >= 0 ? &t->lists[MAIN(tb)] : NULL;
+    if (n > la->size + (lb != NULL ? lb->size : 0)) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    int pmode = P_ANY;
+    if (PyAnySet_CheckExact(prot))
+        pmode = PySet_GET_SIZE(prot) == 0 ? P_EMPTY : P_SET;
+    else if (PyDict_CheckExact(prot))
+        pmode = PyDict_GET_SIZE(prot) == 0 ? P_EMPTY : P_DICT;
+    Py_ssize_t found = 0, na = 0, nb = 0;
+    int32_t cur_a = la->head, cur_b = lb != NULL ? lb->head : -1;
+    if (walk_list(t, &cur_a, 0, first, &found, &na, &w, prot, pmode) < 0)
+        goto done;
+    if (lb != NULL && walk_list(t, &cur_b, 1, n, &found, &nb, &w, prot, pmode) < 0)
+        goto done;
+    if (walk_list(t, &cur_a, 0, n, &found, &na, &w, prot, pmode) < 0)
+        goto done;
+    if (found < n) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    hashes = PyList_New(n);
+    handles = PyList_New(n);
+    na_obj = PyLong_FromSsize_t(na);
+    res = PyTuple_New(3);
+    if (hashes == NULL || handles == NULL || na_obj == NULL || res == NULL) {
+        Py_CLEAR(res);
+        goto done;
+    }
+
+    /* phase 2: list a's walk, then list b's (each in walking order) */
+    Py_ssize_t pos = 0;
+    for (int side = 0; side < 2; side++) {
+        int g = side ? gb : ga;
+        for (Py_ssize_t i = 0; i < w.n; i++) {
+            if (w.v[i].side != side)
+                continue;
+            int32_t ix = w.v[i].ix;
+            Entry *e = &t->entries[ix];
+            switch (w.v[i].kind) {
+            case W_PINNED:
+                list_unlink(t, ix);
+                list_append(t, ix, PARKED(e->tag));
+                break;
+            case W_FLYING:
+                list_unlink(t, ix);
+                list_append(t, ix, MAIN(e->tag));
+                break;
+            default: /* victim: its references go to the result */
+                list_unlink(t, ix);
+                PyList_SET_ITEM(handles, pos, e->handle);
+                e->handle = NULL;
+                if (g >= 0) {
+                    PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
+                    e->ref = 0;
+                    list_append(t, ix, MAIN(g));
+                }
+                else {
+                    PyList_SET_ITEM(hashes, pos, e->key);
+                    index_del(t, ix);
+                    entry_free(t, ix);
+                }
+                pos++;
+                break;
+            }
+        }
+    }
+    t->resident -= n;
+    PyTuple_SET_ITEM(res, 0, hashes);
+    PyTuple_SET_ITEM(res, 1, handles);
+    PyTuple_SET_ITEM(res, 2, na_obj);
+    hashes = handles = na_obj = NULL;
+    tbl_shrink(t);
+done:
+    Py_XDECREF(hashes);
+    Py_XDECREF(handles);
+    Py_XDECREF(na_obj);
+    if (w.v != w.small)
+        PyMem_Free(w.v);
+    return leave(t, NULL, NULL, res);
+}
+
+/* ------------------------------------------------------------------------ */
+/* _check: the table's internal invariants (for the tests)                  */
+
+#define CHECK(cond, ...)                                        \
+    do {                                                        \
+        if (!(cond)) {                                          \
+            PyErr_Format(PyExc_AssertionError, __VA_ARGS__);    \
+            return -1;                                          \
+        }                                                       \
+    } while (0)
+
+static int
+check_table(BlockTable *t)
+{
+    Entry *E = t->entries;
+    Py_ssize_t seen = 0, resident = 0, pinned = 0, flying = 0;
+    CHECK(t->top <= t->cap && t->used <= t->top && t->cap >= MIN_CAP, "bad sizes");
+    for (int L = 0; L < N_LISTS; L++) {
+        List *l = &t->lists[L];
+        int tag = L >> 1, parked = L & 1;
+        Py_ssize_t count = 0;
+        int32_t prev = -1;
+        for (int32_t ix = l->head; ix >= 0; ix = E[ix].next) {
+            CHECK(ix < t->top, "list %d: entry %d beyond top", L, (int)ix);
+            Entry *e = &E[ix];
+            CHECK(e->key != NULL, "list %d: free slot %d on it", L, (int)ix);
+            CHECK(e->prev == prev, "list %d: entry %d has a wrong prev", L, (int)ix);
+            CHECK(e->tag == tag && e->parked == parked, "list %d: entry %d has tag %d/%d", L,
+                  (int)ix, e->tag, e->parked);
+            if (tag < N_RESIDENT) {
+                CHECK(e->handle != NULL, "resident entry %d without a handle", (int)ix);
+                CHECK(e->ref >= -1, "entry %d has ref %d", (int)ix, (int)e->ref);
+                CHECK(!parked || e->ref > 0, "parked entry %d is not pinned", (int)ix);
+                resident++;
+                pinned += e->ref > 0;
+                flying += e->ref < 0;
+            }
+            else {
+                CHECK(e->handle == NULL, "ghost %d has a handle", (int)ix);
+            }
+            prev = ix;
+            CHECK(++count <= t->used, "list %d has a cycle", L);
+        }
+        CHECK(prev == l->tail, "list %d: wrong tail", L);
+        CHECK(count == l->size, "list %d: size %zd, %zd entries", L, l->size, count);
+        seen += count;
+    }
+    CHECK(seen == t->used, "%zd entries on lists, %d used", seen, (int)t->used);
+    CHECK(resident == t->resident, "resident %zd, counted %zd", t->resident, resident);
+    CHECK(pinned == t->pinned, "pinned %zd, counted %zd", t->pinned, pinned);
+    CHECK(flying == t->in_flight, "in_flight %zd, counted %zd", t->in_flight, flying);
+    Py_ssize_t nfree = 0;
+    for (int32_t ix = t->free_head; ix >= 0; ix = E[ix].next) {
+        CHECK(ix < t->top && E[ix].key == NULL, "bad free slot %d", (int)ix);
+        CHECK(++nfree <= t->top, "free list has a cycle");
+    }
+    CHECK(nfree == t->top - t->used, "%zd free slots, expected %d", nfree,
+          (int)(t->top - t->used));
+    size_t size = (size_t)1 << t->bits;
+    CHECK(t->mask == size - 1, "bad mask");
+    CHECK((size_t)t->used * 5 <= size * 3, "index overloaded: %d in %zu", (int)t->used, size);
+    Py_ssize_t indexed = 0;
+    for (size_t i = 0; i < size; i++) {
+        int32_t ix = t->index[i];
+        if (ix < 0)
+            continue;
+        CHECK(ix < t->top && E[ix].key != NULL, "index slot %zu names a free entry", i);
+        indexed++;
+        /* no hole between its home and where it is */
+        for (size_t j = home(E[ix].hash, t->bits); j != i; j = (j + 1) & t->mask)
+            CHECK(t->index[j] >= 0, "hole at %zu before entry %d at %zu", j, (int)ix, i);
+    }
+    CHECK(indexed == t->used, "%zd indexed, %d used", indexed, (int)t->used);
+    return 0;
+}
+
+static PyObject *
+BT_check(BlockTable *t, PyObject *Py_UNUSED(ignored))
+{
+    ENTER(t);
+    int r = check_table(t);
+    t->in_call = 0;
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the type                                                                 */
+
+static PyObject *
+BT_repr(BlockTable *t)
+{
+    Py_ssize_t ghosts = 0;
+    for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
+        ghosts += t->lists[MAIN(tag)].size;
+    return PyUnicode_FromFormat("<BlockTable: %zd resident, %zd ghosts>", t->resident, ghosts);
+}
+
+#define FAST (METH_FASTCALL | METH_KEYWORDS)
+
+static PyMethodDef BT_methods[] = {
+    {"get", (PyCFunction)BT_get, METH_O, "get(h): its handle, or None (absent or ghost)."},
+    {"ref", (PyCFunction)BT_ref, METH_O,
+     "ref(h): its reference count, or None (absent or ghost)."},
+    {"tag_of", (PyCFunction)BT_tag_of, METH_O, "tag_of(h): its tag 0..7, or -1 (no entry)."},
+    {"tags", (PyCFunction)BT_tags, METH_O, "tags(hashes) -> list[int]: tag_of of each."},
+    {"size", (PyCFunction)BT_size, METH_O,
+     "size(tag): main + parked entries (resident tag) or ghosts (ghost tag)."},
+    {"parked_size", (PyCFunction)BT_parked_size, METH_O,
+     "parked_size(tag): parked entries (0 for a ghost tag)."},
+    {"lookup", (PyCFunction)BT_lookup, METH_O,
+     "lookup(hashes) -> int: how many leading hashes are resident and not in flight."},
+    {"absent", (PyCFunction)BT_absent, METH_O,
+     "absent(hashes) -> list: the hashes (any iterable) that are not resident, in order."},
+    {"items", (PyCFunction)BT_items, METH_O,
+     "items(tag) -> list[(hash, handle)]: main then parked order; (hash, None) for ghosts."},
+    {"keys", (PyCFunction)BT_keys, METH_O, "keys(tag) -> list: the hashes of items(tag)."},
+    {"memory_bytes", (PyCFunction)BT_memory_bytes, METH_NOARGS,
+     "memory_bytes() -> int: bytes of the entry array and the index."},
+    {"__sizeof__", (PyCFunction)BT_sizeof, METH_NOARGS, NULL},
+    {"_check", (PyCFunction)BT_check, METH_NOARGS,
+     "_check(): raise AssertionError unless the internal invariants hold (tests)."},
+    {"insert", (PyCFunction)(void (*)(void))BT_insert, FAST,
+     "insert(hashes, handles, tag): new entries in flight, appended to tag's main order."},
+    {"complete", (PyCFunction)BT_complete, METH_O,
+     "complete(hashes) -> list: the in-flight ones become ready; returns them."},
+    {"fail", (PyCFunction)BT_fail, METH_O,
+     "fail(hashes) -> list: the in-flight ones are removed; returns their handles."},
+    {"pin", (PyCFunction)BT_pin, METH_O,
+     "pin(hashes) -> list: one more reference per occurrence; returns the handles."},
+    {"unpin", (PyCFunction)BT_unpin, METH_O,
+     "unpin(hashes) -> list: one reference less per occurrence; returns the released."},
+    {"remove", (PyCFunction)BT_remove, METH_O,
+     "remove(h) -> handle | None: forget a resident entry (no ghost kept)."},
+    {"move", (PyCFunction)(void (*)(void))BT_move, FAST,
+     "move(h, tag, last=True): to the most recent (or oldest) end of tag's main order."},
+    {"relist", (PyCFunction)(void (*)(void))BT_relist, FAST,
+     "relist(hashes, tag): each, in order, to the most recent end of tag's main order."},
+    {"clear_tag", (PyCFunction)BT_clear_tag, METH_O,
+     "clear_tag(tag): drop every ghost of ghost tag tag."},
+    {"trim", (PyCFunction)(void (*)(void))BT_trim, FAST,
+     "trim(tag, keep) -> int: drop the oldest ghosts of tag until keep remain."},
+    {"set_touch_rules", (PyCFunction)(void (*)(void))BT_set_touch_rules, FAST,
+     "set_touch_rules(ready, in_flight, parked, ghosts): what touch does."},
+    {"touch", (PyCFunction)BT_touch, METH_O,
+     "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
+    {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
+     "evict(a, b, first, n, protected, ghost_a=-1, ghost_b=-1)\n"
+     "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef BT_members[] = {
+    {"pinned", T_PYSSIZET, offsetof(BlockTable, pinned), READONLY,
+     "resident entries with ref > 0"},
+    {"in_flight", T_PYSSIZET, offsetof(BlockTable, in_flight), READONLY,
+     "resident entries with ref == -1"},
+    {"walked", T_PYSSIZET, offsetof(BlockTable, walked), READONLY,
+     "entries evictions walked past (a statistic)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods BT_as_sequence = {
+    .sq_length = (lenfunc)BT_len,
+    .sq_contains = (objobjproc)BT_contains,
+};
+
+static PyTypeObject BlockTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvoffload._table.BlockTable",
+    .tp_basicsize = sizeof(BlockTable),
+    .tp_itemsize = 0,
+    .tp_dealloc = (destructor)BT_dealloc,
+    .tp_repr = (reprfunc)BT_repr,
+    .tp_as_sequence = &BT_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BlockTable(): the block table in C (see docs/block-table.md).",
+    .tp_methods = BT_methods,
+    .tp_members = BT_members,
+    .tp_new = BT_new,
+};
+
+static struct PyModuleDef table_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "kvoffload._table",
+    .m_doc = "The block table in C (see docs/block-table.md).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__table(void)
+{
+    if (PyType_Ready(&BlockTableType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&table_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "BlockTable", (PyObject *)&BlockTableType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
