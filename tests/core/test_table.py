@@ -629,11 +629,25 @@ def calls_with_bad_key(bad: Any) -> list[tuple[str, Callable[[Any], Any]]]:
 CALL_NAMES = [name for name, _ in calls_with_bad_key(None)]
 
 
-@pytest.mark.parametrize("call", CALL_NAMES)
-@pytest.mark.parametrize("impl", IMPLS)
+TOUCH_NOT_ATOMIC = pytest.mark.xfail(
+    strict=True, reason="PyBlockTable.touch moves the hashes it visited before the bad one"
+)
+
+
+@pytest.mark.parametrize(
+    ("impl", "call"),
+    [pytest.param(CBlockTable, call, id=f"C-{call}") for call in CALL_NAMES]
+    + [
+        pytest.param(
+            PyBlockTable,
+            call,
+            id=f"Python-{call}",
+            marks=[TOUCH_NOT_ATOMIC] if call == "touch" else [],
+        )
+        for call in CALL_NAMES
+    ],
+)
 def test_a_key_whose_hash_raises_changes_nothing(impl: Any, call: str) -> None:
-    if impl is PyBlockTable and call == "touch":
-        pytest.xfail("PyBlockTable.touch moves the hashes it visited before the bad one")
     t = busy_table(impl)
     t.set_touch_rules((1, 1, 2, 3), (1, 1, 2, 3), (1, 1, 2, 3), True)
     keys = [bytes_key(i) for i in range(12)]
