@@ -282,9 +282,7 @@ def pinned_heavy(name: str, requests: list[Request], unique: int, repeats: int) 
                     m = new_manager(p, capacity)
                     replay_manager(m, warm)
                     if pinned:
-                        resident = [
-                            h for h, _ in m.policy.ordered_items() if h not in m.policy.busy
-                        ]
+                        resident = [h for h, _ in m.policy.ordered_items() if m.table.ref(h) == 0]
                         chosen = random.Random(pct).sample(resident, len(resident) // 2)
                         m.prepare_load(chosen)  # loads left in flight: pinned throughout
                         n_pinned = len(chosen)

@@ -1,6 +1,4 @@
-"""Compare eviction policies by offline replay: LRU, ARC, kvarc, the
-experimental ``reuse`` policy (registered here only, it is not shipped) and
-Belady.
+"""Compare eviction policies by offline replay: LRU, ARC, kvarc and Belady.
 
 Prints, per workload and capacity (1/5/10/25% of unique blocks), the prefix
 hit ratio of each policy, Belady's bound, and each policy's block ops/s as a
@@ -17,7 +15,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvoffload.policies import available_policies, register_policy
 from kvoffload.replay import ReplayTrace, belady, replay
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.trace import load_mooncake_trace
@@ -25,9 +22,7 @@ from kvoffload.runtime.workloads import Request
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 CAPACITIES = (1, 5, 10, 25)
-POLICIES = ("lru", "arc", "reuse", "kvarc")
-#: not registered (it misses issue 8's bar): registered here to compare
-REUSE = "kvoffload.policies.reuse:ReusePolicy"
+POLICIES = ("lru", "arc", "kvarc")
 SYNTHETIC = {
     "gen-default-s1": SyntheticConfig(seed=1),
     "gen-scan-heavy-s2": SyntheticConfig(
@@ -64,8 +59,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated workload names")
     args = parser.parse_args()
-    if "reuse" not in available_policies():
-        register_policy("reuse", REUSE)
     only = set(args.only.split(",")) if args.only else None
     head = f"{'workload':<20}{'cap':>5}" + "".join(f"{p:>9}" for p in POLICIES)
     head += f"{'belady':>9}" + "".join(f"{p + ' ops':>10}" for p in POLICIES[1:])

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from kvoffload._version import __version__
 from kvoffload.errors import KVOffloadError
 from kvoffload.runtime.trace import DEFAULT_TRACE_BLOCK_SIZE
+from kvoffload.table import IMPLEMENTATION
 
 if TYPE_CHECKING:
     from kvoffload.replay import BeladyResult, ReplayResult, ReplayTrace
@@ -45,7 +46,11 @@ def _build_parser() -> _Parser:
         prog="kvoffload",
         description="KV-cache offloading: offline policy replay and the admin service.",
     )
-    parser.add_argument("--version", action="version", version=f"kvoffload {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"kvoffload {__version__} (block table: {IMPLEMENTATION})",
+    )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_Parser
     )
@@ -229,6 +234,7 @@ def _print_json(
 ) -> None:
     document = {
         "kvoffload_version": __version__,
+        "block_table": IMPLEMENTATION,
         "traces": [
             {
                 "trace": trace.name,

@@ -7,12 +7,13 @@ all-or-nothing eviction, events, counters); an
 victims. :class:`LRUOffloadingManager` and :class:`ARCOffloadingManager` are
 the vLLM 0.11.2 names for it with a fixed starting policy.
 
-Per resident block the policy keeps only the backend's *handle* (for
-:class:`~kvoffload.backends.cpu.CPUBackend`, the ``int`` block id); the
-manager keeps reference counts for the busy blocks alone (``-1`` while a
-store is in flight, ``> 0`` while loads read the block), so an idle block
-costs one table entry and its id (~123 bytes; vLLM's ``BlockStatus`` object
-per block: ~227). :meth:`PolicyOffloadingManager.get_block` answers a
+Every block lives in one :class:`~kvoffload.table.BlockTable` entry: its
+hash, the backend's *handle* (for :class:`~kvoffload.backends.cpu.CPUBackend`,
+the ``int`` block id), its reference count (``-1`` while its store is in
+flight, ``> 0`` while loads read it) and its place in the policy's lists;
+ghosts are entries too. Each verb is a few calls on the table whatever the
+number of blocks (the C table does the per-block work).
+:meth:`PolicyOffloadingManager.get_block` answers a
 :class:`~kvoffload.backend.BlockStatus` snapshot with vLLM's ``ref_cnt``.
 
 Threading: one thread owns a manager and calls its protocol methods. Other
@@ -24,10 +25,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable
-from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 
 from kvoffload.abstract import (
@@ -43,12 +41,9 @@ from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats
+from kvoffload.table import RESIDENT_TAGS, TAGS, BlockTable
 
 logger = logging.getLogger(__name__)
-
-
-_HASH = itemgetter(0)
-_HANDLE = itemgetter(1)
 
 
 def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
@@ -87,7 +82,9 @@ class PolicyOffloadingManager(OffloadingManager):
         self.capacity: int = backend.get_num_free_blocks()
         if self.capacity <= 0:
             raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
-        self._policy: EvictionPolicy = create_policy(policy, self.capacity)
+        self._table = BlockTable()
+        self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
+        self._policy.seed([])
         self.event_log: EventLog | None = EventLog(event_log_capacity) if enable_events else None
         self._block_size = backend.block_size
         self._medium = backend.medium
@@ -108,13 +105,6 @@ class PolicyOffloadingManager(OffloadingManager):
         self._retired_ghost_hits: dict[str, int] = {}
         self._retired_evictions: dict[str, int] = {}
         self._policy_switches = 0
-        # Reference counts of the busy blocks only (-1: store in flight,
-        # > 0: pinned by loads); the policy reads it to skip them. A
-        # resident block that is not here is ready and evictable.
-        self._refs: dict[BlockHash, int] = {}
-        self._pinned = 0
-        self._in_flight = 0
-        self._policy.busy = self._refs
 
     # -- introspection ----------------------------------------------------
 
@@ -127,44 +117,32 @@ class PolicyOffloadingManager(OffloadingManager):
     def policy_name(self) -> str:
         return self._policy.name
 
+    @property
+    def table(self) -> BlockTable:
+        """The block table (read-only use)."""
+        return self._table
+
     def __len__(self) -> int:
         """Number of resident blocks (including stores in flight)."""
-        return len(self._policy)
+        return len(self._table)
 
     def __contains__(self, block_hash: object) -> bool:
-        return block_hash in self._policy
+        return block_hash in self._table
 
     def get_block(self, block_hash: BlockHash) -> BlockStatus | None:
         """The status of the block with this hash (a snapshot: its
         ``ref_cnt`` as of now), or ``None``."""
-        handle = self._policy.get(block_hash)
+        table = self._table
+        handle = table.get(block_hash)
         if handle is None:
             return None
-        return self.backend.block_status(handle, self._refs.get(block_hash, 0))
+        return self.backend.block_status(handle, table.ref(block_hash) or 0)
 
     # -- the protocol -----------------------------------------------------
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
         hashes = _as_list(block_hashes)
-        get = self._policy.get_idle
-        hit = 0
-        if self._refs:
-            # A busy block is resident: ready if pinned, not if in flight.
-            # get_idle may miss a pinned block, never an idle one.
-            refs = self._refs.get
-            in_flight = self._in_flight
-            for h in hashes:
-                if get(h) is None:
-                    if refs(h, 0) <= 0:
-                        break
-                elif in_flight and refs(h, 0) < 0:
-                    break
-                hit += 1
-        else:
-            for h in hashes:
-                if get(h) is None:
-                    break
-                hit += 1
+        hit: int = self._table.lookup(hashes)
         self._lookups += 1
         self._lookup_blocks += len(hashes)
         self._hit_blocks += hit
@@ -177,22 +155,16 @@ class PolicyOffloadingManager(OffloadingManager):
         offloaded or its store is still in flight (check with :meth:`lookup`).
         """
         hashes = _as_list(block_hashes)
-        handles = self._policy.get_many(hashes)
-        refs = self._refs
-        for h, handle in zip(hashes, handles, strict=True):
-            if handle is None:
-                raise BlockStateError(
-                    f"cannot load block {h!r}: it is not offloaded (lookup() says how many are)"
-                )
-            if refs.get(h, 0) < 0:
-                raise BlockStateError(
-                    f"cannot load block {h!r}: its store is still in flight (not ready)"
-                )
-        for h in hashes:
-            n = refs.get(h, 0)
-            if not n:
-                self._pinned += 1
-            refs[h] = n + 1
+        try:
+            handles = self._table.pin(hashes)
+        except KeyError as e:
+            raise BlockStateError(
+                f"cannot load block {e.args[0]!r}: it is not offloaded (lookup() says how many are)"
+            ) from None
+        except ValueError as e:
+            raise BlockStateError(
+                f"cannot load block {e.args[0]!r}: its store is still in flight (not ready)"
+            ) from None
         self._load_blocks += len(hashes)
         return self.backend.get_handles_spec(hashes, handles)
 
@@ -204,26 +176,16 @@ class PolicyOffloadingManager(OffloadingManager):
     def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`. Raises
         :class:`BlockStateError`, changing nothing, for a block that is not
-        being loaded."""
+        being loaded (a hash listed k times needs k pins)."""
         hashes = _as_list(block_hashes)
-        refs = self._refs
-        # a hash listed k times needs k pins
-        for h, k in Counter(hashes).items():
-            if refs.get(h, 0) < k:
-                state = "not offloaded" if h not in self._policy else "not being loaded"
-                raise BlockStateError(f"cannot complete load of block {h!r}: it is {state}")
-        unpinned: list[BlockHash] = []
-        for h in hashes:
-            n = refs[h] - 1
-            if n:
-                refs[h] = n
-            else:
-                del refs[h]
-                unpinned.append(h)
-        self._pinned -= len(unpinned)
+        try:
+            self._table.unpin(hashes)
+        except (KeyError, ValueError) as e:
+            state = "not offloaded" if isinstance(e, KeyError) else "not being loaded"
+            raise BlockStateError(
+                f"cannot complete load of block {e.args[0]!r}: it is {state}"
+            ) from None
         self._load_completed_blocks += len(hashes)
-        if unpinned:
-            self._policy.released(unpinned)
 
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         """Allocate blocks for the hashes not yet present (each once, in
@@ -231,29 +193,27 @@ class PolicyOffloadingManager(OffloadingManager):
         needed. Returns ``None``, with nothing changed, if there is no room."""
         # Ordered dedupe; doubles as the protected set (defects 5 and 6).
         named = dict.fromkeys(block_hashes)
-        policy = self._policy
-        to_store = policy.absent(named)
+        table = self._table
+        to_store = table.absent(named)
         backend = self.backend
         n_evict = len(to_store) - backend.get_num_free_blocks()
         evicted: list[BlockHash] = []
         if n_evict > 0:
             # More than the unpinned ready blocks: no room, known without a
             # scan (a cache full of loads and stores in flight stays O(1)).
-            evictable = len(policy) - self._pinned - self._in_flight
-            victims = policy.evict(n_evict, named) if n_evict <= evictable else None
+            evictable = len(table) - table.pinned - table.in_flight
+            victims = self._policy.evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
                 return None
-            backend.free_handles(map(_HANDLE, victims))
-            evicted = list(map(_HASH, victims))
+            evicted, freed = victims
+            backend.free_handles(freed)
             if self.event_log is not None:
                 self.event_log.append("removed", evicted, self._block_size, self._medium)
         handles = backend.allocate_handles(to_store)
-        policy.insert(to_store, handles)
-        self._refs.update(dict.fromkeys(to_store, -1))
+        self._policy.insert(to_store, handles)
         n = len(to_store)
-        self._in_flight += n
         self._store_prepared += n
         self._skipped_present += len(named) - n
         return PrepareStoreOutput(
@@ -267,41 +227,24 @@ class PolicyOffloadingManager(OffloadingManager):
         forget them. Blocks that were already ready are left as they are in
         both cases. Raises :class:`BlockStateError`, changing nothing, for a
         hash that was never prepared (or already failed)."""
-        hashes = _as_list(block_hashes)
-        refs = self._refs
+        table = self._table
+        try:
+            if success:
+                stored = table.complete(_as_list(block_hashes))
+            else:
+                failed = table.fail(_as_list(block_hashes))
+        except KeyError as e:
+            raise BlockStateError(
+                f"cannot complete store of block {e.args[0]!r}: it was not prepared "
+                "(or its store already failed)"
+            ) from None
         if success:
-            # The usual call completes stores in flight, each named once:
-            # one C-level pass takes them off the busy table.
-            done = list(map(refs.pop, hashes, repeat(0)))
-            if done.count(-1) == len(done):
-                self._in_flight -= len(hashes)
-                self._stored += len(hashes)
-                self._stores_done(hashes)
-                return
-            refs.update((h, r) for h, r in zip(hashes, done, strict=True) if r)
-        policy = self._policy
-        for h in hashes:
-            if h not in policy:
-                raise BlockStateError(
-                    f"cannot complete store of block {h!r}: it was not prepared "
-                    "(or its store already failed)"
-                )
-        in_flight = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
-        for h in in_flight:
-            del refs[h]
-        self._in_flight -= len(in_flight)
-        if success:
-            self._stored += len(in_flight)
-            self._stores_done(in_flight)
-        else:
-            self.backend.free_handles([policy.remove(h) for h in in_flight])
-            self._failed += len(in_flight)
-
-    def _stores_done(self, stored: list[BlockHash]) -> None:
-        if stored:
-            self._policy.stored(stored)
-            if self.event_log is not None:
+            self._stored += len(stored)
+            if stored and self.event_log is not None:
                 self.event_log.append("stored", stored, self._block_size, self._medium)
+        else:
+            self.backend.free_handles(failed)
+            self._failed += len(failed)
 
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the log and return its store/remove events (vLLM behaviour).
@@ -326,11 +269,14 @@ class PolicyOffloadingManager(OffloadingManager):
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
         """
-        new = create_policy(policy, self.capacity)
-        new.busy = self._refs
+        table = self._table
+        new = create_policy(policy, self.capacity, table)
         old = self._policy
-        new.seed(old.ordered_items())
-        assert len(new) == len(old), "policy migration lost blocks"
+        items = old.ordered_items()
+        assert len(items) == len(table), "policy migration lost blocks"
+        for tag in range(RESIDENT_TAGS, TAGS):
+            table.clear_tag(tag)
+        new.seed(items)
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)
         self._policy = new
@@ -344,14 +290,14 @@ class PolicyOffloadingManager(OffloadingManager):
         """Evict every resident, unpinned, ready block and forget ghost
         history. Pinned blocks and stores in flight are kept. Returns the
         evicted hashes (one ``removed`` event plus a ``cleared`` record)."""
-        policy = self._policy
-        evictable = len(policy) - self._pinned - self._in_flight
+        policy, table = self._policy, self._table
+        evictable = len(table) - table.pinned - table.in_flight
         evicted: list[BlockHash] = []
         if evictable:
             victims = policy.evict(evictable, ())
             assert victims is not None
-            self.backend.free_handles(map(_HANDLE, victims))
-            evicted = list(map(_HASH, victims))
+            evicted, freed = victims
+            self.backend.free_handles(freed)
         policy.clear_ghosts()
         if self.event_log is not None:
             if evicted:
@@ -362,8 +308,8 @@ class PolicyOffloadingManager(OffloadingManager):
     def stats(self) -> ManagerStats:
         """An immutable snapshot. Call it on the owning thread (or hand the
         snapshot to others): it reads counters without a lock."""
-        policy = self._policy
-        used = len(policy)
+        policy, table = self._policy, self._table
+        used = len(table)
         ghost = _add_counts(dict(self._retired_ghost_hits), policy.ghost_hits)
         evictions = _add_counts(dict(self._retired_evictions), policy.evictions)
         counters = ManagerCounters(
@@ -394,8 +340,8 @@ class PolicyOffloadingManager(OffloadingManager):
             capacity=self.capacity,
             used=used,
             free=self.backend.get_num_free_blocks(),
-            pinned=self._pinned,
-            in_flight=self._in_flight,
+            pinned=table.pinned,
+            in_flight=table.in_flight,
             lists=MappingProxyType(policy.list_sizes()),
             params=MappingProxyType(policy.params()),
             counters=counters,

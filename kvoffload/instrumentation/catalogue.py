@@ -199,8 +199,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "kvoffload_build_info",
         "gauge",
-        "Build of kvoffload (always 1; labels give the library and Python versions).",
-        ("version", "python"),
+        "Build of kvoffload (always 1; labels give the library and Python versions "
+        "and the block table in use, c or python).",
+        ("version", "python", "block_table"),
         source="static",
         info=True,
     ),

@@ -49,6 +49,7 @@ from kvoffload.instrumentation.catalogue import (
 from kvoffload.runtime.observer import EngineObserver, TransferRecord
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.stats import STORE_OUTCOMES, ManagerStats
+from kvoffload.table import IMPLEMENTATION
 
 __all__ = [
     "ConfigLabelValue",
@@ -258,8 +259,8 @@ class KVOffloadCollector:
     def _static_metrics(self) -> Iterator[Metric]:
         yield _family(
             "kvoffload_build_info",
-            ("version", "python"),
-            [((__version__, platform.python_version()), 1)],
+            ("version", "python", "block_table"),
+            [((__version__, platform.python_version(), IMPLEMENTATION), 1)],
         )
         keys = sorted(self._config)
         yield _family("kvoffload_config_info", keys, [(tuple(self._config[k] for k in keys), 1)])

@@ -2,7 +2,8 @@
 
 Adding a policy is one module with an :class:`EvictionPolicy` subclass plus
 one entry in :data:`_REGISTRY`; modules are imported only when the policy is
-first used.
+first used. A policy orders the blocks of a manager's
+:class:`~kvoffload.table.BlockTable`; it is made by the manager.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import importlib
 
 from kvoffload.errors import PolicyError
-from kvoffload.policies.base import EvictionPolicy, Victim
+from kvoffload.policies.base import EvictionPolicy, Victims
+from kvoffload.table import BlockTable
 
-__all__ = ["EvictionPolicy", "Victim", "available_policies", "create_policy", "policy_class"]
+__all__ = ["EvictionPolicy", "Victims", "available_policies", "create_policy", "policy_class"]
 
 #: policy name -> "module:ClassName"
 _REGISTRY: dict[str, str] = {
@@ -40,9 +42,10 @@ def policy_class(name: str) -> type[EvictionPolicy]:
     return cls
 
 
-def create_policy(name: str, capacity: int) -> EvictionPolicy:
-    """A new, empty policy ``name`` for a cache of ``capacity`` blocks."""
-    return policy_class(name)(capacity)
+def create_policy(name: str, capacity: int, table: BlockTable) -> EvictionPolicy:
+    """A new policy ``name`` for a cache of ``capacity`` blocks kept in
+    ``table`` (to be seeded with the blocks already there)."""
+    return policy_class(name)(capacity, table)
 
 
 def register_policy(name: str, target: str) -> None:

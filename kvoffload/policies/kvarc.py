@@ -61,34 +61,15 @@ operations.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Container, Sequence
-from itertools import compress, islice
-from operator import itemgetter, not_
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
-from kvoffload.policies.arc import TwoListPolicy
-from kvoffload.policies.base import Victim
-from kvoffload.policies.recency import take_from_two
+from kvoffload.policies.arc import B1, B2, T1, T2, TwoListPolicy
+from kvoffload.policies.base import Victims
 
 #: ghosts remembered, in multiples of the capacity
 GHOST_FACTOR = 2
-
-_HASH = itemgetter(0)
-
-
-def _remember(
-    ghosts: dict[BlockHash, None], victims: list[Victim], bound: int
-) -> dict[BlockHash, None]:
-    """``ghosts`` with the victims' hashes added, newest last. A plain dict
-    keeps insertion order; once it holds twice ``bound`` it is rebuilt from
-    its newest ``bound`` entries (C-level, amortised O(1) per ghost, and
-    cheaper than an ``OrderedDict``'s per-entry links)."""
-    ghosts.update(dict.fromkeys(map(_HASH, victims)))
-    if len(ghosts) > 2 * bound:
-        ghosts = dict.fromkeys(islice(ghosts, len(ghosts) - bound, None))
-    return ghosts
 
 
 class KVARCPolicy(TwoListPolicy):
@@ -97,77 +78,57 @@ class KVARCPolicy(TwoListPolicy):
 
     name = "kvarc"
     initial_target_share = 0.5  # no evidence either way
-    b1: dict[BlockHash, None]
-    b2: dict[BlockHash, None]
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
-        self.b1 = {}
-        self.b2 = {}
+    def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
+        # A T1 block used again moves to T2. One whose store is in flight
+        # stays where insert filed it: vLLM's scheduler touches a request's
+        # blocks right after prepare_store, which is not a second use, and
+        # moving them would undo the tail-first filing and the cold tail.
+        # A parked (pinned) T1 block used again is T2's when released.
+        # Ghosts are counted when stored again, not when touched.
+        self.table.set_touch_rules((T2, T2, 2, 3), (-1, T2, 2, 3), (T2, T2, 2, 3), False)
+        super().seed(items)
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         if not block_hashes:
             return
-        t1 = self.t1.order
-        b1, b2 = self.b1, self.b2
-        # head most recent: the chain's tail is evicted first
-        chain = list(zip(reversed(block_hashes), reversed(blocks), strict=True))
-        hit1 = list(filter(b1.__contains__, block_hashes)) if b1 else []
-        hit2 = list(filter(b2.__contains__, block_hashes)) if b2 else []
+        table = self.table
+        tags = table.tags(block_hashes)
+        hit1, hit2 = tags.count(B1), tags.count(B2)
         if hit1 or hit2:
             # Wanted again after eviction: proven useful, so T2. And ARC's
             # adaptation, once for the batch: a T1 ghost says T1 was too
             # small (its target grows by max(1, |B2|/|B1|) per ghost), a T2
             # ghost the reverse.
-            step1 = max(1.0, len(b2) / len(b1)) * len(hit1) if hit1 else 0.0
-            step2 = max(1.0, len(b1) / len(b2)) * len(hit2) if hit2 else 0.0
+            b1, b2 = table.size(B1), table.size(B2)
+            step1 = max(1.0, b2 / b1) * hit1 if hit1 else 0.0
+            step2 = max(1.0, b1 / b2) * hit2 if hit2 else 0.0
             target = self.target_t1_size + step1 - step2
             self.target_t1_size = min(float(self.capacity), max(0.0, target))
-            self.ghost_hits["b1"] += len(hit1)
-            self.ghost_hits["b2"] += len(hit2)
-            deque(map(b1.__delitem__, hit1), 0)
-            deque(map(b2.__delitem__, hit2), 0)
-            revived = list(map(set(hit1 + hit2).__contains__, map(_HASH, chain)))
-            self.t2.order.update(compress(chain, revived))
-            t1.update(compress(chain, map(not_, revived)))
+            self.ghost_hits["b1"] += hit1
+            self.ghost_hits["b2"] += hit2
+            where: int | list[int] = [T2 if t in (B1, B2) else T1 for t in reversed(tags)]
         else:
-            t1.update(chain)
+            where = T1
+        # head most recent: the chain's tail is evicted first
+        table.insert(block_hashes[::-1], blocks[::-1], where)
         tail = block_hashes[-1]
-        if tail in t1:
-            t1.move_to_end(tail, last=False)
+        if table.tag_of(tail) == T1:
+            table.move(tail, T1, last=False)
 
-    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        rev = block_hashes[::-1]
-        t1, t2 = self.t1, self.t2
-        o1, o2 = t1.order, t2.order
-        busy = self.busy
-        # A T1 block used again moves to T2. One whose store is in flight
-        # stays where insert filed it: vLLM's scheduler touches a request's
-        # blocks right after prepare_store, which is not a second use, and
-        # moving them would undo the tail-first filing and the cold tail.
-        for h in filter(o1.__contains__, rev):
-            if busy.get(h, 0) >= 0:
-                o2[h] = o1.pop(h)
-        p1 = t1.parked
-        if p1:  # pinned by a load and used again: T2's when released
-            for h in filter(p1.__contains__, rev):
-                t2.parked[h] = p1.pop(h)
-        # one C-level pass puts T2's hits in the request's order, head last
-        deque(map(o2.move_to_end, filter(o2.__contains__, rev)), 0)
-
-    def evict(self, n: int, protected: Container[BlockHash]) -> list[Victim] | None:
+    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         # T1 down to its target once the n blocks being stored join it,
         # then T2, then T1 again
-        first = min(n, max(0, int(len(self.t1) + n - self.target_t1_size)))
-        picked = take_from_two(self.t1, self.t2, first, n, protected, self.busy)
+        table = self.table
+        first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
+        picked = self._evict(n, protected, first)
         if picked is None:
             return None
-        v1, v2 = picked
+        victims, n1, n2 = picked
+        # Each ghost list keeps at least `bound` hashes; trimmed in batches
+        # once it holds twice that.
         bound = GHOST_FACTOR * self.capacity
-        if v1:
-            self.b1 = _remember(self.b1, v1, bound)
-        if v2:
-            self.b2 = _remember(self.b2, v2, bound)
-        self.evictions["t1"] += len(v1)
-        self.evictions["t2"] += len(v2)
-        return v1 + v2 if v2 else v1
+        for tag, taken in ((B1, n1), (B2, n2)):
+            if taken and table.size(tag) > 2 * bound:
+                table.trim(tag, bound)
+        return victims

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from kvoffload import BlockHash, PolicyOffloadingManager, PrepareStoreOutput
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.policies import EvictionPolicy
+from kvoffload.table import TAGS, PyBlockTable, TableList
+
+
+def _tables() -> list[type]:
+    """Both block tables, the C one unless KVOFFLOAD_PURE_PYTHON is set: a
+    missing extension is an error (it is built by ``pip install``)."""
+    if os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0"):
+        return [PyBlockTable]
+    from kvoffload._table import BlockTable
+
+    return [PyBlockTable, BlockTable]
+
+
+#: the block table implementations under test
+TABLES = _tables()
 
 
 def bh(i: int) -> BlockHash:
@@ -37,11 +53,24 @@ def ref_cnt(m: PolicyOffloadingManager, i: int | BlockHash) -> int | None:
     return None if b is None else b.ref_cnt
 
 
+def table_state(table: Any) -> dict[str, Any]:
+    """Every list of a block table in order (with each block's reference
+    count), the parked sizes and the counts."""
+    return {
+        "lists": [[(h, handle, table.ref(h)) for h, handle in table.items(t)] for t in range(TAGS)],
+        "parked": [table.parked_size(t) for t in range(TAGS)],
+        "counts": (len(table), table.pinned, table.in_flight),
+    }
+
+
 def policy_state(policy: EvictionPolicy) -> dict[str, Any]:
-    """Everything a policy holds: each dict attribute as an ordered item list
-    (so order changes show), other attributes as they are."""
-    state: dict[str, Any] = {}
+    """Everything a policy holds: its table's lists, each dict attribute as
+    an ordered item list (so order changes show), other attributes as they
+    are (the list views are covered by the table)."""
+    state: dict[str, Any] = {"table": table_state(policy.table)}
     for name, value in vars(policy).items():
+        if name == "table" or isinstance(value, TableList):
+            continue
         state[name] = list(value.items()) if isinstance(value, dict) else value
     return state
 
@@ -71,29 +100,30 @@ def manager_state(m: PolicyOffloadingManager) -> dict[str, Any]:
     }
 
 
-class CountingRefs(dict[BlockHash, int]):
-    """A manager's busy table whose ``get`` calls are counted: a policy has
-    to look a block up there to know whether it may evict it, so the count
-    is the number of entries an eviction scan examined."""
+class WalkCounter:
+    """The entries a manager's evictions examined (the table's ``walked``)
+    since the last ``reads = 0``: what vLLM's rescans of busy blocks cost."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.reads = 0
+    def __init__(self, m: PolicyOffloadingManager) -> None:
+        self._table = m.table
+        self._base = self._table.walked
 
-    def get(self, key: BlockHash, default: Any = None) -> Any:
-        self.reads += 1
-        return super().get(key, default)
+    @property
+    def reads(self) -> int:
+        return int(self._table.walked - self._base)
+
+    @reads.setter
+    def reads(self, value: int) -> None:
+        assert value == 0, "only a reset to 0 is meaningful"
+        self._base = self._table.walked
 
 
 def counting_manager(
     capacity: int, policy: str = "lru"
-) -> tuple[PolicyOffloadingManager, CountingRefs]:
-    """A manager whose policies read a :class:`CountingRefs` busy table."""
+) -> tuple[PolicyOffloadingManager, WalkCounter]:
+    """A manager and the count of entries its evictions examine."""
     m = PolicyOffloadingManager(CPUBackend(16, capacity), policy=policy)
-    refs = CountingRefs()
-    m._refs = refs  # swapped before any call, so nothing is lost
-    m.policy.busy = refs
-    return m, refs
+    return m, WalkCounter(m)
 
 
 def resident(m: PolicyOffloadingManager) -> list[BlockHash]:

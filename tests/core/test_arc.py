@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import pytest
 
 from kvoffload import ARCOffloadingManager, CPUBackend, OffloadingEvent
+from kvoffload.policies.arc import B1, B2
 
 from .fakes import bh, bhs, ids_of, store
 
@@ -26,10 +26,11 @@ def test_arc_manager_exposes_vllm_attributes() -> None:
     m = _arc(capacity=4)
     assert m.cache_capacity == 4
     assert m.target_t1_size == 0
-    # T1/T2: read-only mappings in eviction order; B1/B2: OrderedDicts as in vLLM
+    # all four: read-only mappings in eviction order (vLLM's are OrderedDicts;
+    # reading them works the same: in, len, iteration, [])
     for lst in (m.t1, m.t2, m.b1, m.b2):
         assert isinstance(lst, Mapping) and len(lst) == 0
-    assert isinstance(m.b1, OrderedDict) and isinstance(m.b2, OrderedDict)
+        assert not hasattr(lst, "__setitem__")
     store(m, 1, 2)
     assert bh(1) in m.t1 and bh(1) not in m.t2
     assert len(m.t1) == 2
@@ -116,13 +117,23 @@ def test_arc_in_flight_block_stays_in_t1_on_touch() -> None:
     assert _keys(m.t2) == bhs(1, 2)
 
 
+def _ghosts(m: ARCOffloadingManager, ghost_tag: int, *ids: int) -> None:
+    """Make ``bhs(*ids)`` ghosts of B1 or B2 (newest last), as evictions
+    would, through a list ARC does not use."""
+    table, spare = m.table, 3
+    hashes = bhs(*ids)
+    table.insert(hashes, list(ids), spare)
+    table.complete(hashes)
+    assert table.evict(spare, -1, len(ids), len(ids), (), ghost_tag) is not None
+
+
 def test_arc_b1_hit_raises_target_by_b2_over_b1_capped_at_capacity() -> None:
     m = _arc(capacity=4)
-    m.b1.update(dict.fromkeys(bhs(10, 11)))
-    m.b2.update(dict.fromkeys(bhs(20, 21, 22)))
+    _ghosts(m, B1, 10, 11)
+    _ghosts(m, B2, 20, 21, 22)
     m.touch(bhs(10))
     assert m.target_t1_size == pytest.approx(1.5)  # max(1, 3/2)
-    m.b2.update(dict.fromkeys(bhs(23, 24, 25, 26, 27)))
+    _ghosts(m, B2, 23, 24, 25, 26, 27)
     m.touch(bhs(11))
     assert m.target_t1_size == 4  # 1.5 + 8/2, capped at the capacity
     m.touch(bhs(10))
@@ -133,15 +144,15 @@ def test_arc_b1_hit_raises_target_by_b2_over_b1_capped_at_capacity() -> None:
 def test_arc_b2_hit_lowers_target_by_b1_over_b2_floored_at_zero() -> None:
     m = _arc(capacity=8)
     m.target_t1_size = 6
-    m.b1.update(dict.fromkeys(bhs(10, 11, 12, 13, 14)))
-    m.b2.update(dict.fromkeys(bhs(20, 21)))
+    _ghosts(m, B1, 10, 11, 12, 13, 14)
+    _ghosts(m, B2, 20, 21)
     m.touch(bhs(20))
     assert m.target_t1_size == pytest.approx(3.5)  # 6 - max(1, 5/2)
-    m.b1.clear()
-    m.b1[bh(10)] = None
+    m.table.clear_tag(B1)
+    _ghosts(m, B1, 10)
     m.touch(bhs(21))
     assert m.target_t1_size == pytest.approx(2.5)  # - max(1, 1/2)
-    m.b1.update(dict.fromkeys(bhs(11, 12, 13, 14, 15, 16, 17)))
+    _ghosts(m, B1, 11, 12, 13, 14, 15, 16, 17)
     m.touch(bhs(20))
     assert m.target_t1_size == 0  # 2.5 - 8/2, floored
     assert m.stats().counters.ghost_hits["b2"] == 3

@@ -458,13 +458,14 @@ def test_manager_len_contains_and_get_block(manager: PolicyOffloadingManager) ->
     assert manager.policy_name == manager.policy.name
 
 
-def test_policy_bulk_queries_agree_with_get(manager: PolicyOffloadingManager) -> None:
+def test_table_bulk_queries_agree_with_get(manager: PolicyOffloadingManager) -> None:
     store(manager, 1, 2, 3)
     manager.prepare_store(bhs(4))
     manager.touch(bhs(2))
-    policy = manager.policy
+    table = manager.table
     hashes = bhs(5, 1, 4, 9, 2, 1)
-    assert policy.get_many(hashes) == [policy.get(h) for h in hashes]
-    assert policy.absent(hashes) == bhs(5, 9)
-    assert policy.absent(dict.fromkeys(hashes)) == bhs(5, 9)
-    assert policy.get_many([]) == [] and policy.absent([]) == []
+    assert table.absent(hashes) == [h for h in hashes if table.get(h) is None] == bhs(5, 9)
+    assert table.absent(dict.fromkeys(hashes)) == bhs(5, 9)
+    assert table.absent(iter(hashes)) == bhs(5, 9) and table.absent([]) == []
+    assert table.tags(hashes) == [table.tag_of(h) for h in hashes]
+    assert table.lookup(bhs(1, 2, 3, 4)) == 3  # 4's store is in flight

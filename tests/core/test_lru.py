@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvoffload import CPUBackend, LRUOffloadingManager, OffloadingEvent
 from kvoffload.policies.lru import LRUPolicy
+from kvoffload.table import BlockTable
 
 from .fakes import bh, bhs, ids_of, resident, store
 
@@ -118,13 +119,15 @@ def test_lru_blocks_passed_by_an_eviction_scan_are_parked_until_released() -> No
 
 
 def test_lru_policy_lists_and_seed() -> None:
-    p = LRUPolicy(capacity=4)
+    p = LRUPolicy(4, BlockTable())
     assert p.list_names == ("lru",)
     assert p.list_sizes() == {"lru": 0}
     m = LRUOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
+    m.touch(bhs(1))
+    p = LRUPolicy(4, m.table)  # what a switch does: a new policy on the same table
     p.seed(m.policy.ordered_items())
-    assert [h for h, _ in p.ordered_items()] == bhs(1, 2, 3)
-    assert p.get(bh(2)) == m.policy.get(bh(2)) == 1  # the handle: block id 1
+    assert [h for h, _ in p.ordered_items()] == bhs(2, 3, 1)
+    assert m.table.get(bh(2)) == 1  # the handle: block id 1
     assert p.list_sizes() == {"lru": 3}
     assert p.params() == {}

@@ -575,15 +575,7 @@ def test_evict_rejects_what_the_spec_leaves_undefined() -> None:
     "impl",
     [
         pytest.param(CBlockTable, id="C"),
-        pytest.param(
-            PyBlockTable,
-            id="Python",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="PyBlockTable.set_touch_rules stores `ready` before it checks "
-                "`in_flight` and `parked` (reported to the lead)",
-            ),
-        ),
+        pytest.param(PyBlockTable, id="Python"),
     ],
 )
 def test_bad_touch_rules_change_nothing(impl: Any) -> None:
@@ -629,21 +621,11 @@ def calls_with_bad_key(bad: Any) -> list[tuple[str, Callable[[Any], Any]]]:
 CALL_NAMES = [name for name, _ in calls_with_bad_key(None)]
 
 
-TOUCH_NOT_ATOMIC = pytest.mark.xfail(
-    strict=True, reason="PyBlockTable.touch moves the hashes it visited before the bad one"
-)
-
-
 @pytest.mark.parametrize(
     ("impl", "call"),
-    [pytest.param(CBlockTable, call, id=f"C-{call}") for call in CALL_NAMES]
-    + [
-        pytest.param(
-            PyBlockTable,
-            call,
-            id=f"Python-{call}",
-            marks=[TOUCH_NOT_ATOMIC] if call == "touch" else [],
-        )
+    [
+        pytest.param(impl, call, id=f"{name}-{call}")
+        for name, impl in (("C", CBlockTable), ("Python", PyBlockTable))
         for call in CALL_NAMES
     ],
 )

@@ -19,6 +19,7 @@ from kvoffload.errors import ConfigError
 from kvoffload.instrumentation import METRICS, KVOffloadCollector, config_labels
 from kvoffload.policies import available_policies
 from kvoffload.runtime.snapshot import EngineSnapshot, RuntimeStats
+from kvoffload.table import IMPLEMENTATION
 
 from .conftest import BLOCK_SIZE, bhs, make_manager, store
 
@@ -243,6 +244,7 @@ def test_collector_info_metrics(registry: CollectorRegistry) -> None:
     assert len(build) == 1 and build[0].value == 1
     assert build[0].labels["version"] == __version__
     assert build[0].labels["python"]
+    assert build[0].labels["block_table"] == IMPLEMENTATION in ("c", "python")
     assert v("kvoffload_config_info", policy="lru", num_cpu_blocks="32", speed="") == 1
 
 

@@ -6,6 +6,7 @@ import kvoffload.policies as policies
 from kvoffload import CPUBackend, PolicyOffloadingManager
 from kvoffload.abstract import BlockHash
 from kvoffload.policies.kvarc import GHOST_FACTOR, KVARCPolicy
+from kvoffload.table import BlockTable
 
 
 def _h(i: int) -> BlockHash:
@@ -16,34 +17,28 @@ def _hs(*ids: int) -> list[BlockHash]:
     return [_h(i) for i in ids]
 
 
-def _policy(capacity: int) -> tuple[KVARCPolicy, dict[BlockHash, int]]:
-    """A policy and the busy table a manager would keep for it."""
-    p = KVARCPolicy(capacity)
-    busy: dict[BlockHash, int] = {}
-    p.busy = busy
-    return p, busy
+def _policy(capacity: int) -> KVARCPolicy:
+    """A policy on an empty block table of its own."""
+    p = KVARCPolicy(capacity, BlockTable())
+    p.seed([])
+    return p
 
 
 def _store(p: KVARCPolicy, *ids: int) -> None:
     """insert + complete, as the manager does (in flight, then stored)."""
     hashes = _hs(*ids)
-    busy = p.busy
-    assert isinstance(busy, dict)
-    busy.update(dict.fromkeys(hashes, -1))
     p.insert(hashes, ids)
-    for h in hashes:
-        del busy[h]
-    p.stored(hashes)
+    p.table.complete(hashes)
 
 
 def _evict(p: KVARCPolicy, n: int, protected: tuple[BlockHash, ...] = ()) -> list[BlockHash]:
     out = p.evict(n, set(protected))
     assert out is not None
-    return [h for h, _ in out]
+    return out[0]
 
 
 def test_kvarc_files_a_chain_tail_first_and_its_tail_cold() -> None:
-    p, _ = _policy(8)
+    p = _policy(8)
     _store(p, 9)
     _store(p, 1, 2, 3)  # 3 is the prompt's tail
     # tail before the older block 9, then the chain from its end to its head
@@ -52,7 +47,7 @@ def test_kvarc_files_a_chain_tail_first_and_its_tail_cold() -> None:
 
 
 def test_kvarc_readmits_ghosts_to_t2_and_adapts_like_arc() -> None:
-    p, _ = _policy(4)
+    p = _policy(4)
     _store(p, 1, 2)
     assert p.target_t1_size == 2.0  # half the capacity: no evidence yet
     assert _evict(p, 2) == _hs(2, 1)
@@ -72,10 +67,9 @@ def test_kvarc_readmits_ghosts_to_t2_and_adapts_like_arc() -> None:
 
 
 def test_kvarc_touch_promotes_ready_t1_blocks_in_request_order() -> None:
-    p, busy = _policy(8)
+    p = _policy(8)
     _store(p, 1, 2)
     _store(p, 5)
-    busy[_h(6)] = -1
     p.insert(_hs(6), [6])  # store in flight: touched right away, not a reuse
     p.touch(_hs(1, 2, 5, 6))
     assert list(p.t2) == _hs(5, 2, 1)  # the head ends most recent
@@ -83,7 +77,7 @@ def test_kvarc_touch_promotes_ready_t1_blocks_in_request_order() -> None:
 
 
 def test_kvarc_ghost_lists_are_bounded_and_keep_the_newest() -> None:
-    p, _ = _policy(2)
+    p = _policy(2)
     bound = GHOST_FACTOR * 2
     sizes = []
     for i in range(0, 80, 2):
@@ -130,7 +124,7 @@ def test_kvarc_touch_after_prepare_store_keeps_the_chain_filing() -> None:
 
 
 def test_kvarc_clear_ghosts_resets_the_adaptation() -> None:
-    p, _ = _policy(4)
+    p = _policy(4)
     _store(p, 1, 2)
     _evict(p, 2)
     _store(p, 1)  # a B1 ghost back: the target grows

@@ -1,7 +1,7 @@
-"""The seam contract, under any call sequence, for the policies that are
-not registered (registered ones run tests/core's contract suite and state
-machine through a manager): a policy-level model with the busy table a
-manager would keep, and each policy's own invariants on top."""
+"""The seam contract, under any call sequence, at the policy level (the
+registered policies also run tests/core's contract suite and state machine
+through a manager): a model of what is resident next to the policy's block
+table, and each policy's own invariants on top."""
 
 from __future__ import annotations
 
@@ -15,20 +15,13 @@ from kvoffload.abstract import BlockHash
 from kvoffload.policies.base import EvictionPolicy
 from kvoffload.policies.kvarc import GHOST_FACTOR as KVARC_GHOSTS
 from kvoffload.policies.kvarc import KVARCPolicy
-from kvoffload.policies.reuse import GHOST_FACTOR as REUSE_GHOSTS
-from kvoffload.policies.reuse import ReusePolicy
+from kvoffload.table import BlockTable
 
 CAPACITY = 12
 
 
 def _h(i: int) -> BlockHash:
     return BlockHash(b"h%d" % i)
-
-
-def _reuse_invariants(p: EvictionPolicy, resident: int) -> None:
-    sizes = p.list_sizes()
-    assert sizes["new"] + sizes["reused"] == resident
-    assert sizes["ghost"] <= REUSE_GHOSTS * CAPACITY
 
 
 def _kvarc_invariants(p: EvictionPolicy, resident: int) -> None:
@@ -41,9 +34,9 @@ def _kvarc_invariants(p: EvictionPolicy, resident: int) -> None:
 
 
 POLICIES: dict[
-    str, tuple[Callable[[int], EvictionPolicy], Callable[[EvictionPolicy, int], None]]
+    str,
+    tuple[Callable[[int, BlockTable], EvictionPolicy], Callable[[EvictionPolicy, int], None]],
 ] = {
-    "reuse": (ReusePolicy, _reuse_invariants),
     "kvarc": (KVARCPolicy, _kvarc_invariants),
 }
 
@@ -67,9 +60,10 @@ def test_policy_keeps_the_seam_contract_under_any_call_sequence(
     name: str, calls: list[tuple[object, ...]]
 ) -> None:
     make, invariants = POLICIES[name]
-    p = make(CAPACITY)
-    busy: dict[BlockHash, int] = {}
-    p.busy = busy
+    table = BlockTable()
+    p = make(CAPACITY, table)
+    p.seed([])
+    pins: dict[BlockHash, int] = {}
     model: dict[BlockHash, int] = {}  # hash -> handle (its id)
     for call in calls:
         kind = call[0]
@@ -78,40 +72,40 @@ def test_policy_keeps_the_seam_contract_under_any_call_sequence(
             ids = ids[: CAPACITY - len(model)]
             if ids:
                 hashes = [_h(i) for i in ids]
-                busy.update(dict.fromkeys(hashes, -1))
                 p.insert(hashes, ids)
-                for h in hashes:
-                    del busy[h]
-                p.stored(hashes)
+                assert table.complete(hashes) == hashes
                 model.update(zip(hashes, ids, strict=True))
         elif kind == "touch":
             p.touch([_h(i) for i in call[1]])  # type: ignore[attr-defined]
         elif kind in ("pin", "unpin") and _h(call[1]) in model:  # type: ignore[arg-type]
             h = _h(call[1])  # type: ignore[arg-type]
             if kind == "pin":
-                busy[h] = busy.get(h, 0) + 1
-            elif busy.get(h, 0) > 0:
-                busy[h] -= 1
-                if busy[h] == 0:
-                    del busy[h]
-                    p.released([h])
+                table.pin([h])
+                pins[h] = pins.get(h, 0) + 1
+            elif pins.get(h, 0) > 0:
+                table.unpin([h])
+                pins[h] -= 1
+                if pins[h] == 0:
+                    del pins[h]
         elif kind == "evict":
             n, named = call[1], {_h(i) for i in call[2]}  # type: ignore[attr-defined]
             before = sorted(h for h, _ in p.ordered_items())
             out = p.evict(n, named)  # type: ignore[arg-type]
-            evictable = [h for h in model if h not in busy and h not in named]
+            evictable = [h for h in model if h not in pins and h not in named]
             if out is None:
                 assert len(evictable) < n
                 assert sorted(h for h, _ in p.ordered_items()) == before
             else:
-                assert len(out) == n == len({h for h, _ in out})
-                for h, handle in out:
+                hashes, handles = out
+                assert len(hashes) == n == len(set(hashes)) == len(handles)
+                for h, handle in zip(hashes, handles, strict=True):
                     assert h in evictable and model.pop(h) == handle
         elif kind == "remove":
             h = _h(call[1])  # type: ignore[arg-type]
-            assert p.remove(h) == model.pop(h, None)
-            busy.pop(h, None)
-        assert len(p) == len(model)
+            assert table.remove(h) == model.pop(h, None)
+            pins.pop(h, None)
+        assert len(table) == len(model)
         assert dict(p.ordered_items()) == model
-        assert all(p.get(h) == handle for h, handle in model.items())
+        assert all(table.get(h) == handle for h, handle in model.items())
+        assert all(table.ref(h) == pins.get(h, 0) for h in model)
         invariants(p, len(model))

@@ -1,0 +1,494 @@
+"""The block table: every resident block and ghost of a manager, in lists.
+
+See ``docs/block-table.md`` for the model and the exact behaviour of every
+method. :data:`BlockTable` is the C implementation
+(``kvoffload._table``) when it was built, else :class:`PyBlockTable`, the
+pure-Python reference it is tested against; ``KVOFFLOAD_PURE_PYTHON=1``
+forces the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter, OrderedDict
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.abstract import BlockHash
+
+#: resident tags are 0..3, ghost tags 4..7
+RESIDENT_TAGS = 4
+TAGS = 8
+#: ``tag_of`` for a hash without an entry
+NO_TAG = -1
+
+#: keys are any hashable object at run time; typed as the block hashes they are
+Key = BlockHash
+Handle = Any
+
+_DEFAULT_RULES = (0, 1, 2, 3)
+
+
+def _resident_tag(tag: int) -> int:
+    if type(tag) is not int or not 0 <= tag < RESIDENT_TAGS:
+        raise ValueError(f"resident tag must be 0..{RESIDENT_TAGS - 1}, got {tag!r}")
+    return tag
+
+
+def _ghost_tag(tag: int) -> int:
+    if type(tag) is not int or not RESIDENT_TAGS <= tag < TAGS:
+        raise ValueError(f"ghost tag must be {RESIDENT_TAGS}..{TAGS - 1}, got {tag!r}")
+    return tag - RESIDENT_TAGS
+
+
+def _any_tag(tag: int) -> int:
+    if type(tag) is not int or not 0 <= tag < TAGS:
+        raise ValueError(f"tag must be 0..{TAGS - 1}, got {tag!r}")
+    return tag
+
+
+def _rules(name: str, rules: Sequence[int], stay: bool) -> tuple[int, ...]:
+    rules = tuple(rules)
+    low = -1 if stay else 0
+    if len(rules) != RESIDENT_TAGS or any(
+        type(t) is not int or not low <= t < RESIDENT_TAGS for t in rules
+    ):
+        allowed = "-1 (stay) or 0..3" if stay else "0..3"
+        raise ValueError(f"{name} must be 4 tags, each {allowed}; got {rules!r}")
+    return rules
+
+
+class PyBlockTable:
+    """The pure-Python block table (see ``docs/block-table.md``)."""
+
+    def __init__(self) -> None:
+        #: every entry's tag: resident 0..3, ghost 4..7
+        self._tag: dict[Key, int] = {}
+        #: per resident tag: the main order (hash -> handle), oldest first
+        self._main: list[OrderedDict[Key, Handle]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: the parked order (hash -> handle)
+        self._parked: list[dict[Key, Handle]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per ghost tag: the order of ghosts
+        self._ghosts: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
+        #: reference counts that are not 0
+        self._refs: dict[Key, int] = {}
+        self._resident = 0
+        self.pinned = 0
+        self.in_flight = 0
+        self.walked = 0
+        self._ready_to: tuple[int, ...] = _DEFAULT_RULES
+        self._in_flight_to: tuple[int, ...] = _DEFAULT_RULES
+        self._parked_to: tuple[int, ...] = _DEFAULT_RULES
+        self._touch_ghosts = False
+
+    # -- reading ----------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._resident
+
+    def __contains__(self, h: object) -> bool:
+        return self._tag.get(h, TAGS) < RESIDENT_TAGS  # type: ignore[call-overload,no-any-return]
+
+    def _handle(self, h: Key, tag: int) -> Handle:
+        main = self._main[tag]
+        return main[h] if h in main else self._parked[tag][h]
+
+    def get(self, h: Key) -> Handle:
+        tag = self._tag.get(h, TAGS)
+        return self._handle(h, tag) if tag < RESIDENT_TAGS else None
+
+    def ref(self, h: Key) -> int | None:
+        if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
+            return None
+        return self._refs.get(h, 0)
+
+    def tag_of(self, h: Key) -> int:
+        return self._tag.get(h, NO_TAG)
+
+    def tags(self, hashes: Iterable[Key]) -> list[int]:
+        get = self._tag.get
+        return [get(h, NO_TAG) for h in hashes]
+
+    def size(self, tag: int) -> int:
+        tag = _any_tag(tag)
+        if tag < RESIDENT_TAGS:
+            return len(self._main[tag]) + len(self._parked[tag])
+        return len(self._ghosts[tag - RESIDENT_TAGS])
+
+    def parked_size(self, tag: int) -> int:
+        tag = _any_tag(tag)
+        return len(self._parked[tag]) if tag < RESIDENT_TAGS else 0
+
+    def lookup(self, hashes: Iterable[Key]) -> int:
+        tag, refs = self._tag, self._refs
+        n = 0
+        for h in hashes:
+            if tag.get(h, TAGS) >= RESIDENT_TAGS or refs.get(h, 0) < 0:
+                break
+            n += 1
+        return n
+
+    def absent(self, hashes: Iterable[Key]) -> list[Key]:
+        get = self._tag.get
+        return [h for h in hashes if get(h, TAGS) >= RESIDENT_TAGS]
+
+    def items(self, tag: int) -> list[tuple[Key, Handle]]:
+        tag = _any_tag(tag)
+        if tag < RESIDENT_TAGS:
+            return [*self._main[tag].items(), *self._parked[tag].items()]
+        return list(self._ghosts[tag - RESIDENT_TAGS].items())
+
+    def keys(self, tag: int) -> list[Key]:
+        return [h for h, _ in self.items(tag)]
+
+    def memory_bytes(self) -> int:
+        """Not measured for the reference (its dicts belong to Python)."""
+        return 0
+
+    # -- checks -------------------------------------------------------------
+
+    def _resident_list(self, hashes: Iterable[Key]) -> list[Key]:
+        """``hashes`` as a list; ``KeyError(h)`` for the first one that is
+        not resident."""
+        hashes = list(hashes)
+        get = self._tag.get
+        for h in hashes:
+            if get(h, TAGS) >= RESIDENT_TAGS:
+                raise KeyError(h)
+        return hashes
+
+    # -- changes ------------------------------------------------------------
+
+    def _drop(self, h: Key) -> Handle:
+        """Take a resident entry out of its order and out of the table."""
+        tag = self._tag.pop(h)
+        main = self._main[tag]
+        handle = main.pop(h) if h in main else self._parked[tag].pop(h)
+        ref = self._refs.pop(h, 0)
+        if ref > 0:
+            self.pinned -= 1
+        elif ref < 0:
+            self.in_flight -= 1
+        self._resident -= 1
+        return handle
+
+    def insert(self, hashes: Sequence[Key], handles: Sequence[Handle], tag: Any) -> None:
+        hashes, handles = list(hashes), list(handles)
+        if len(hashes) != len(handles):
+            raise ValueError(f"{len(hashes)} hashes but {len(handles)} handles")
+        if type(tag) is int:
+            tags = [_resident_tag(tag)] * len(hashes)
+        else:
+            tags = [_resident_tag(t) for t in tag]
+            if len(tags) != len(hashes):
+                raise ValueError(f"{len(hashes)} hashes but {len(tags)} tags")
+        seen: set[Key] = set()
+        get = self._tag.get
+        for h in hashes:
+            if get(h, TAGS) < RESIDENT_TAGS or h in seen:
+                raise ValueError(h)
+            seen.add(h)
+        for h, handle, t in zip(hashes, handles, tags, strict=True):
+            old = get(h)
+            if old is not None:  # a ghost
+                del self._ghosts[old - RESIDENT_TAGS][h]
+            self._tag[h] = t
+            self._main[t][h] = handle
+            self._refs[h] = -1
+        self._resident += len(hashes)
+        self.in_flight += len(hashes)
+
+    def complete(self, hashes: Iterable[Key]) -> list[Key]:
+        hashes = self._resident_list(hashes)
+        refs = self._refs
+        done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
+        for h in done:
+            del refs[h]
+        self.in_flight -= len(done)
+        return done
+
+    def fail(self, hashes: Iterable[Key]) -> list[Handle]:
+        hashes = self._resident_list(hashes)
+        refs = self._refs
+        return [self._drop(h) for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
+
+    def pin(self, hashes: Iterable[Key]) -> list[Handle]:
+        hashes = self._resident_list(hashes)
+        refs = self._refs
+        for h in hashes:
+            if refs.get(h, 0) < 0:
+                raise ValueError(h)
+        handles = []
+        for h in hashes:
+            n = refs.get(h, 0)
+            if not n:
+                self.pinned += 1
+            refs[h] = n + 1
+            handles.append(self._handle(h, self._tag[h]))
+        return handles
+
+    def unpin(self, hashes: Iterable[Key]) -> list[Key]:
+        hashes = self._resident_list(hashes)
+        refs = self._refs
+        for h, k in Counter(hashes).items():
+            if refs.get(h, 0) < k:
+                raise ValueError(h)
+        released = []
+        for h in hashes:
+            n = refs[h] - 1
+            if n:
+                refs[h] = n
+                continue
+            del refs[h]
+            self.pinned -= 1
+            released.append(h)
+            tag = self._tag[h]
+            parked = self._parked[tag]
+            if h in parked:
+                self._main[tag][h] = parked.pop(h)
+        return released
+
+    def remove(self, h: Key) -> Handle:
+        if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
+            return None
+        return self._drop(h)
+
+    def move(self, h: Key, tag: int, last: bool = True) -> None:
+        tag = _resident_tag(tag)
+        old = self._tag.get(h, TAGS)
+        if old >= RESIDENT_TAGS:
+            raise KeyError(h)
+        if h in self._parked[old]:
+            raise ValueError(h)
+        main = self._main[tag]
+        main[h] = self._main[old].pop(h)
+        self._tag[h] = tag
+        if not last:
+            main.move_to_end(h, last=False)
+
+    def relist(self, hashes: Iterable[Key], tag: int) -> None:
+        tag = _resident_tag(tag)
+        hashes = self._resident_list(hashes)
+        main = self._main[tag]
+        for h in hashes:
+            old = self._tag[h]
+            om = self._main[old]
+            handle = om.pop(h) if h in om else self._parked[old].pop(h)
+            main[h] = handle
+            self._tag[h] = tag
+
+    def clear_tag(self, tag: int) -> None:
+        ghosts = self._ghosts[_ghost_tag(tag)]
+        for h in ghosts:
+            del self._tag[h]
+        ghosts.clear()
+
+    def trim(self, tag: int, keep: int) -> int:
+        ghosts = self._ghosts[_ghost_tag(tag)]
+        if type(keep) is not int or keep < 0:
+            raise ValueError(f"keep must be an int >= 0, got {keep!r}")
+        drop = max(0, len(ghosts) - keep)
+        for _ in range(drop):
+            h, _ = ghosts.popitem(last=False)
+            del self._tag[h]
+        return drop
+
+    # -- touch ----------------------------------------------------------------
+
+    def set_touch_rules(
+        self,
+        ready: Sequence[int],
+        in_flight: Sequence[int],
+        parked: Sequence[int],
+        ghosts: bool,
+    ) -> None:
+        rules = (
+            _rules("ready", ready, stay=False),
+            _rules("in_flight", in_flight, stay=True),
+            _rules("parked", parked, stay=False),
+        )
+        self._ready_to, self._in_flight_to, self._parked_to = rules
+        self._touch_ghosts = bool(ghosts)
+
+    def touch(self, hashes: Sequence[Key]) -> list[int] | None:
+        tags, refs = self._tag, self._refs
+        mains, parkeds = self._main, self._parked
+        hits: list[int] | None = None
+        # every hash is looked up before anything moves (a key whose hash
+        # raises changes nothing); a visit changes only its own entry's tag
+        rev = [h for h in reversed(list(hashes)) if tags.get(h) is not None]
+        for h in rev:
+            tag = tags[h]
+            if tag >= RESIDENT_TAGS:
+                if self._touch_ghosts:
+                    self._ghosts[tag - RESIDENT_TAGS].move_to_end(h)
+                    if hits is None:
+                        hits = []
+                    hits.append(tag)
+                continue
+            main = mains[tag]
+            if h in main:
+                dest = self._ready_to[tag] if refs.get(h, 0) >= 0 else self._in_flight_to[tag]
+                if dest < 0:
+                    continue
+                if dest == tag:
+                    main.move_to_end(h)
+                else:
+                    mains[dest][h] = main.pop(h)
+                    tags[h] = dest
+            else:
+                dest = self._parked_to[tag]
+                if dest != tag:
+                    parkeds[dest][h] = parkeds[tag].pop(h)
+                    tags[h] = dest
+        return hits
+
+    # -- eviction ---------------------------------------------------------------
+
+    def evict(
+        self,
+        a: int,
+        b: int,
+        first: int,
+        n: int,
+        protected: Container[Key],
+        ghost_a: int = -1,
+        ghost_b: int = -1,
+    ) -> tuple[list[Key], list[Handle], int] | None:
+        a = _resident_tag(a)
+        lists = [a] if b == -1 else [a, _resident_tag(b)]
+        if b == a:
+            raise ValueError(f"a and b must be different tags, got {a} twice")
+        ghost_of = [ghost_a, ghost_b]
+        for g in ghost_of[: len(lists)]:
+            if g != -1:
+                _ghost_tag(g)
+        for name, value in (("first", first), ("n", n)):
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        first = max(0, min(first, n))
+        if n == 0:
+            return [], [], 0
+        if n > sum(len(self._main[t]) for t in lists):
+            return None
+        refs = self._refs
+        # walk each list's main order from its oldest end, lazily
+        walks = [iter(self._main[t].items()) for t in lists]  # nothing moves until commit
+        passed: list[tuple[list[Key], list[Key]]] = [([], []) for _ in lists]
+        victims: list[list[tuple[Key, Handle]]] = [[] for _ in lists]
+
+        def walk(i: int, want: int) -> None:
+            found = victims[i]
+            if len(found) >= want:
+                return
+            pinned, flying = passed[i]
+            for h, handle in walks[i]:
+                self.walked += 1
+                r = refs.get(h, 0)
+                if r > 0:
+                    pinned.append(h)
+                elif r < 0:
+                    flying.append(h)
+                elif h not in protected:
+                    found.append((h, handle))
+                    if len(found) >= want:
+                        return
+
+        walk(0, first)
+        if len(lists) == 2 and len(victims[0]) < n:
+            walk(1, n - len(victims[0]))
+        total = sum(map(len, victims))
+        if total < n:
+            walk(0, n - total + len(victims[0]))
+        if sum(map(len, victims)) < n:
+            return None
+        hashes: list[Key] = []
+        handles: list[Handle] = []
+        for i, t in enumerate(lists):
+            main = self._main[t]
+            ghost = ghost_of[i]
+            for h, handle in victims[i]:
+                del main[h]
+                hashes.append(h)
+                handles.append(handle)
+                if ghost == -1:
+                    del self._tag[h]
+                else:
+                    self._tag[h] = ghost
+                    self._ghosts[ghost - RESIDENT_TAGS][h] = None
+            pinned, flying = passed[i]
+            for h in pinned:
+                self._parked[t][h] = main.pop(h)
+            for h in flying:
+                main.move_to_end(h)
+        self._resident -= n
+        return hashes, handles, len(victims[0])
+
+
+class TableList(Mapping[Key, Handle]):
+    """One list of a block table as a read-only mapping, oldest first:
+    hash -> handle for a resident tag, hash -> ``None`` for a ghost tag
+    (what vLLM's ARC manager exposes as ``t1``, ``b1``...)."""
+
+    __slots__ = ("_table", "_tag")
+
+    def __init__(self, table: Any, tag: int) -> None:
+        self._table = table
+        self._tag = _any_tag(tag)
+
+    def __getitem__(self, h: Key) -> Handle:
+        if self._table.tag_of(h) != self._tag:
+            raise KeyError(h)
+        return self._table.get(h)
+
+    def __contains__(self, h: object) -> bool:
+        return bool(self._table.tag_of(h) == self._tag)
+
+    def __len__(self) -> int:
+        return int(self._table.size(self._tag))
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._table.keys(self._tag))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+def _choose() -> tuple[type, str]:
+    if os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0"):
+        return PyBlockTable, "python"
+    try:
+        from kvoffload._table import BlockTable as CBlockTable
+    except ImportError as e:
+        warnings.warn(
+            f"kvoffload's C block table is not available ({e}); using the pure-Python "
+            "one, about 3x slower. Reinstall kvoffload where a C compiler is available, "
+            "or set KVOFFLOAD_PURE_PYTHON=1 to choose the pure-Python table knowingly.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return PyBlockTable, "python"
+    return CBlockTable, "c"
+
+
+_CHOSEN = _choose()
+#: which block table managers use: ``"c"`` or ``"python"``
+IMPLEMENTATION: str = _CHOSEN[1]
+if TYPE_CHECKING:  # both have PyBlockTable's interface
+    BlockTable = PyBlockTable
+else:
+    #: the block table a manager uses: the C one when it was built
+    BlockTable = _CHOSEN[0]
+
+__all__ = [
+    "IMPLEMENTATION",
+    "NO_TAG",
+    "RESIDENT_TAGS",
+    "TAGS",
+    "BlockTable",
+    "PyBlockTable",
+    "TableList",
+]
