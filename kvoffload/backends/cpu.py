@@ -53,6 +53,17 @@ class CPUBackend(Backend):
 
     def allocate_handles(self, block_hashes: list[BlockHash]) -> list[int]:
         n = len(block_hashes)
+        free_list = self.allocated_blocks_free_list
+        if self.num_allocated_blocks == self.num_blocks:
+            # the usual state once the tier has filled: freed ids only
+            if n > len(free_list):
+                raise BlockStateError(f"cannot allocate {n} blocks: only {len(free_list)} free")
+            if not n:
+                return []
+            # last in, first out: the most recently freed id goes first
+            ids = free_list[: -n - 1 : -1]
+            del free_list[-n:]
+            return ids
         if n > self.get_num_free_blocks():
             raise BlockStateError(
                 f"cannot allocate {n} blocks: only {self.get_num_free_blocks()} free"
@@ -63,8 +74,6 @@ class CPUBackend(Backend):
         self.num_allocated_blocks = start + fresh
         reuse = n - fresh
         if reuse:
-            free_list = self.allocated_blocks_free_list
-            # last in, first out: the most recently freed id goes first
             ids += free_list[: -reuse - 1 : -1]
             del free_list[-reuse:]
         return ids
@@ -75,7 +84,10 @@ class CPUBackend(Backend):
     def get_handles_spec(
         self, block_hashes: Sequence[BlockHash], handles: Sequence[int]
     ) -> CPULoadStoreSpec:
-        return CPULoadStoreSpec.from_id_list(list(handles))
+        """A spec over ``handles``. A ``list`` is kept as it is, not copied:
+        the manager hands over lists it made for the call and never changes
+        afterwards (so should any other caller)."""
+        return CPULoadStoreSpec.from_id_list(handles if type(handles) is list else list(handles))
 
     def block_status(self, handle: int, ref_cnt: int) -> CPUBlockStatus:
         status = CPUBlockStatus(handle)
