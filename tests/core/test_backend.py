@@ -57,6 +57,20 @@ def test_cpu_backend_refuses_to_overallocate() -> None:
     assert b.get_num_free_blocks() == 2
 
 
+def test_cpu_backend_full_tier_reuses_lifo_and_refuses_to_overallocate() -> None:
+    # once every id was handed out once, only freed ids remain (a shorter path)
+    b = CPUBackend(16, 4)
+    ids = b.allocate_handles(bhs(1, 2, 3, 4))
+    assert ids == [0, 1, 2, 3] and b.get_num_free_blocks() == 0
+    assert b.allocate_handles([]) == []
+    b.free_handles([2, 0, 3])
+    with pytest.raises(BlockStateError, match="only 3 free"):
+        b.allocate_handles(bhs(5, 6, 7, 8))
+    assert b.get_num_free_blocks() == 3  # nothing taken
+    assert b.allocate_handles(bhs(5, 6)) == [3, 0]  # most recently freed first
+    assert b.allocate_handles(bhs(7)) == [2] and b.get_num_free_blocks() == 0
+
+
 @pytest.mark.parametrize(("block_size", "num_blocks"), [(0, 4), (16, 0), (-1, 4), (16, 2.5)])
 def test_cpu_backend_rejects_bad_sizes(block_size: int, num_blocks: int) -> None:
     with pytest.raises(ConfigError):
