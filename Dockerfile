@@ -25,7 +25,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # hadolint ignore=DL3008
 RUN if ! command -v python3 >/dev/null 2>&1; then \
         apt-get update \
-        && apt-get install -y --no-install-recommends python3 python3-venv \
+        && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && python3 -m venv /opt/venv \
@@ -44,15 +44,24 @@ RUN pip install ${TORCH_SPEC}
 COPY pyproject.toml ./
 # hadolint ignore=DL3013
 RUN mkdir -p kvoffload app \
-    && touch README.md kvoffload/__init__.py app/__init__.py \
+    && touch README.md kvoffload/__init__.py kvoffload/_table.c app/__init__.py \
     && echo '__version__ = "0.0.0"' > kvoffload/_version.py \
     && pip install ".[app]" \
     && pip uninstall -y kvoffload \
     && rm -rf /src/*
 
-# The source (see .dockerignore for what stays out).
+# The source (see .dockerignore for what stays out). The C block table
+# (kvoffload/_table.c) needs a compiler at build time only; the build fails if
+# the extension did not build (pip would fall back to the slower pure-Python
+# table).
 COPY . .
-RUN pip install --no-deps . && rm -rf /src/*
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-deps . \
+    && python -c "import kvoffload._table" \
+    && apt-get purge -y --auto-remove gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* /src/*
 
 USER 10001:10001
 WORKDIR /home/kvoffload
