@@ -47,16 +47,15 @@ Blocks that come back exactly once, after more than a capacity of other
 blocks (a long scan repeated once), are readmitted to T2 as if proven
 useful and crowd out real reuse until recency ages them out; a workload
 made of such repeats can trail LRU (none of the shared traces or the
-generator's workloads is one: ``docs/policies.md`` has every figure). The ghost lists cost memory:
-up to ``4 x GHOST_FACTOR x capacity`` hashes beyond the resident blocks (a
-plain dict entry each, about 50 bytes).
+generator's workloads is one: ``docs/policies.md`` has every figure). The
+ghost lists cost memory: up to ``4 x GHOST_FACTOR x capacity`` hashes
+beyond the resident blocks (one block-table entry each, about 50 bytes).
 
-Throughput: about half to 0.6x LRU's block operations per second, like
-ARC (issue 8 asked 0.7x): every stored block is looked up in both ghost
-tables and every victim is added to one, and those tables are several
-times the capacity, so most of these are cache misses. Touch, absent,
-insert and eviction otherwise run on C-level filters and batched dict
-operations.
+Throughput: 0.74-0.84x LRU's block operations per second
+(``bench/managers.py``; issue 8 asked 0.7x). Touch is the table's, with
+rules; insert looks up the chain's ghost tags first; eviction is the
+table's two-list walk, plus a ghost trim every ``GHOST_FACTOR x capacity``
+victims or so.
 """
 
 from __future__ import annotations
