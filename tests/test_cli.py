@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload._version import __version__
 from kvoffload.cli import main
 from kvoffload.policies import available_policies
 from kvoffload.replay import parse_capacity
+from kvoffload.table import IMPLEMENTATION
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / ".." / "shared" / "data" / "traces"
@@ -64,10 +66,18 @@ def test_cli_replay_prints_a_table() -> None:
         assert 0.0 <= prefix <= belady <= 1.0
 
 
+def test_cli_version_names_the_block_table() -> None:
+    done = kvoffload("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"kvoffload {__version__} (block table: {IMPLEMENTATION})\n"
+
+
 def test_cli_replay_json_has_every_field() -> None:
     done = kvoffload("replay", SYNTHETIC, "--capacity", "10%", "--limit", "500", "--json")
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
+    # throughput depends on the block table: the document says which ran
+    assert document["block_table"] == IMPLEMENTATION
     (trace,) = document["traces"]
     assert trace["trace"] == "mooncake_synthetic_trace.jsonl"
     assert trace["requests"] == 500

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -122,3 +123,61 @@ def test_public_api_cpu_gpu_handler_loads_lazily() -> None:
         "    'handler': issubclass(cls, kvoffload.OffloadingHandler)}))"
     )
     assert result == {"before": False, "after": True, "same": True, "handler": True}
+
+
+def _table_choice(env: dict[str, str], block_c: bool) -> dict[str, object]:
+    """Which block table a fresh interpreter picks, and what it warned."""
+    code = (
+        "import json, sys, warnings\n"
+        + (
+            "sys.modules['kvoffload._table'] = None  # as if it was never built\n"
+            if block_c
+            else ""
+        )
+        + "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import kvoffload\n"
+        "    from kvoffload.table import IMPLEMENTATION, BlockTable\n"
+        "    m = kvoffload.LRUOffloadingManager(kvoffload.CPUBackend(16, 2))\n"
+        "print(json.dumps({'impl': IMPLEMENTATION, 'cls': BlockTable.__module__,\n"
+        "    'used': type(m.table).__module__,\n"
+        "    'warnings': [str(w.message) for w in caught]}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KVOFFLOAD_PURE_PYTHON": "", **env},
+    )
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_managers_use_the_c_block_table_when_it_is_built() -> None:
+    got = _table_choice({}, block_c=False)
+    assert got == {
+        "impl": "c",
+        "cls": "kvoffload._table",
+        "used": "kvoffload._table",
+        "warnings": [],
+    }
+
+
+def test_a_missing_c_table_falls_back_to_python_and_says_so() -> None:
+    got = _table_choice({}, block_c=True)
+    assert got["impl"] == "python" and got["used"] == "kvoffload.table"
+    (warning,) = got["warnings"]  # type: ignore[misc]
+    assert "C block table is not available" in warning
+    assert "KVOFFLOAD_PURE_PYTHON=1" in warning  # how to choose it knowingly
+
+
+def test_pure_python_table_can_be_chosen_without_a_warning() -> None:
+    got = _table_choice({"KVOFFLOAD_PURE_PYTHON": "1"}, block_c=False)
+    assert got == {
+        "impl": "python",
+        "cls": "kvoffload.table",
+        "used": "kvoffload.table",
+        "warnings": [],
+    }
