@@ -230,9 +230,9 @@ class PolicyOffloadingManager(OffloadingManager):
         table = self._table
         try:
             if success:
-                stored = table.complete(_as_list(block_hashes))
+                stored = table.complete(block_hashes)
             else:
-                failed = table.fail(_as_list(block_hashes))
+                failed = table.fail(block_hashes)
         except KeyError as e:
             raise BlockStateError(
                 f"cannot complete store of block {e.args[0]!r}: it was not prepared "
