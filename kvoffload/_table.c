@@ -17,7 +17,7 @@
  *
  * The index is an open-addressing hash table of int32 entry numbers (-1:
  * empty), a power of two in size, linear probing from a Fibonacci hash of
- * the key's Python hash, load factor at most 0.6, deletion by backward
+ * the key's Python hash, load factor at most 0.5, deletion by backward
  * shift (no tombstones). Removing an entry finds its slot by entry number,
  * so it never calls back into Python.
  *
@@ -289,7 +289,7 @@ static int
 bits_for(Py_ssize_t count)
 {
     int bits = MIN_BITS;
-    while ((size_t)count * 5 > ((size_t)1 << bits) * 3)
+    while ((size_t)count * 2 > ((size_t)1 << bits) * 1)
         bits++;
     return bits;
 }
@@ -416,7 +416,7 @@ tbl_reserve(BlockTable *t, Py_ssize_t k)
         t->entries = ne;
         t->cap = (int32_t)nc;
     }
-    if ((size_t)need * 5 > ((size_t)1 << t->bits) * 3) {
+    if ((size_t)need * 2 > ((size_t)1 << t->bits) * 1) {
         if (index_rebuild(t, bits_for(need)) < 0) {
             PyErr_NoMemory();
             return -1;
@@ -2055,7 +2055,7 @@ check_table(BlockTable *t)
           (int)(t->top - t->used));
     size_t size = (size_t)1 << t->bits;
     CHECK(t->mask == size - 1, "bad mask");
-    CHECK((size_t)t->used * 5 <= size * 3, "index overloaded: %d in %zu", (int)t->used, size);
+    CHECK((size_t)t->used * 2 <= size, "index overloaded: %d in %zu", (int)t->used, size);
     Py_ssize_t indexed = 0;
     for (size_t i = 0; i < size; i++) {
         int32_t ix = t->index[i];
