@@ -51,7 +51,7 @@ generator's workloads is one: ``docs/policies.md`` has every figure). The
 ghost lists cost memory: up to ``4 x GHOST_FACTOR x capacity`` hashes
 beyond the resident blocks (one block-table entry each, about 50 bytes).
 
-Throughput: 0.74-0.84x LRU's block operations per second
+Throughput: 0.69-0.80x LRU's block operations per second
 (``bench/managers.py``; issue 8 asked 0.7x). Touch is the table's, with
 rules; insert looks up the chain's ghost tags first; eviction is the
 table's two-list walk, plus a ghost trim every ``GHOST_FACTOR x capacity``
@@ -66,6 +66,7 @@ from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2, TwoListPolicy
 from kvoffload.policies.base import Victims
+from kvoffload.table import BlockTable
 
 #: ghosts remembered, in multiples of the capacity
 GHOST_FACTOR = 2
@@ -77,6 +78,11 @@ class KVARCPolicy(TwoListPolicy):
 
     name = "kvarc"
     initial_target_share = 0.5  # no evidence either way
+
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        super().__init__(capacity, table)
+        # touch is the table's rules alone: no Python frame per touch
+        self.touch = table.touch  # type: ignore[method-assign,assignment]
 
     def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
         # A T1 block used again moves to T2. One whose store is in flight
@@ -111,9 +117,8 @@ class KVARCPolicy(TwoListPolicy):
             where = T1
         # head most recent: the chain's tail is evicted first
         table.insert(block_hashes[::-1], blocks[::-1], where)
-        tail = block_hashes[-1]
-        if table.tag_of(tail) == T1:
-            table.move(tail, T1, last=False)
+        if tags[-1] not in (B1, B2):  # the tail is in T1: to its cold end
+            table.move(block_hashes[-1], T1, last=False)
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         # T1 down to its target once the n blocks being stored join it,
