@@ -41,7 +41,7 @@ from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats
-from kvoffload.table import RESIDENT_TAGS, TAGS, BlockTable
+from kvoffload.table import DEFAULT_TOUCH_RULES, RESIDENT_TAGS, TAGS, BlockTable
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +276,8 @@ class PolicyOffloadingManager(OffloadingManager):
         assert len(items) == len(table), "policy migration lost blocks"
         for tag in range(RESIDENT_TAGS, TAGS):
             table.clear_tag(tag)
+        # the old policy's touch rules do not carry over either
+        table.set_touch_rules(*DEFAULT_TOUCH_RULES)
         new.seed(items)
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)

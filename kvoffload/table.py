@@ -28,6 +28,8 @@ Key = BlockHash
 Handle = Any
 
 _DEFAULT_RULES = (0, 1, 2, 3)
+#: ``set_touch_rules`` arguments of a new table: plain LRU on each list
+DEFAULT_TOUCH_RULES = (_DEFAULT_RULES, _DEFAULT_RULES, _DEFAULT_RULES, False)
 
 
 def _resident_tag(tag: int) -> int:
@@ -484,6 +486,7 @@ else:
     BlockTable = _CHOSEN[0]
 
 __all__ = [
+    "DEFAULT_TOUCH_RULES",
     "IMPLEMENTATION",
     "NO_TAG",
     "RESIDENT_TAGS",

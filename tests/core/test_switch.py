@@ -145,3 +145,24 @@ def test_switch_records_an_event_and_keeps_vllm_events_clean() -> None:
     assert last.kind == "policy_switched"
     assert dict(last.detail) == {"from": "lru", "to": "arc"}
     assert [e.removed for e in m.take_events()] == [False]  # only the store
+
+
+def test_switch_resets_the_touch_rules_of_the_old_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A policy that keeps the table's default touch rules must not inherit
+    the previous policy's (ARC's would move a touched block to list 1)."""
+    import kvoffload.policies as policies
+    from kvoffload.policies.lru import LRUPolicy
+
+    class DefaultRules(LRUPolicy):
+        name = "default-rules"
+
+        def seed(self, items: object) -> None:
+            self.table.relist([h for h, _ in items], 0)  # type: ignore[attr-defined]
+
+    m = ARCOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3)
+    monkeypatch.setattr(policies, "policy_class", lambda name: DefaultRules)
+    m.switch_policy("default-rules")
+    m.touch(bhs(1))
+    table = m.table
+    assert table.keys(0) == bhs(2, 3, 1) and table.size(1) == 0  # LRU order, list 0
