@@ -32,7 +32,8 @@ class EvictionPolicy(ABC):
 
     * :meth:`seed` is called once, before anything else, with the blocks
       already resident (another policy's :meth:`ordered_items`, or none);
-      it takes them over and sets the table's touch rules;
+      it takes them over and sets the table's touch rules if the defaults
+      (LRU within each list, restored by the manager first) are not its;
     * :meth:`insert` adds newly allocated blocks (their stores in flight);
     * ``evict(n, protected)`` is all-or-nothing: it returns exactly ``n``
       victims, none pinned, in flight or in ``protected``, taken out of the
@@ -62,7 +63,8 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
         """Take over the resident blocks ``items`` (first to be evicted
-        first) and set the table's touch rules."""
+        first) and set the table's touch rules if the defaults are not
+        this policy's."""
 
     @abstractmethod
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
