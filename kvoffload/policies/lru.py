@@ -27,12 +27,11 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self, capacity: int, table: BlockTable) -> None:
         super().__init__(capacity, table)
         self.evictions = {"lru": 0}
-        # the table's default touch rules are LRU's: no Python frame per touch
+        # the table's touch (with its default rules) is LRU's: no Python frame
         self.touch = table.touch  # type: ignore[method-assign,assignment]
 
     def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
-        same = (LRU,) * 4
-        self.table.set_touch_rules(same, same, same, False)
+        # the table's default touch rules are LRU's
         self.table.relist([h for h, _ in items], LRU)
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
