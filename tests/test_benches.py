@@ -95,3 +95,15 @@ def test_bench_api_has_its_options() -> None:
     # The full run starts the service for half a minute; its options at least
     # must parse (the service itself is covered by tests/app).
     assert "--quick" in run_bench("bench/api.py", "--help")
+
+
+def test_bench_table_prints_every_table_and_verb() -> None:
+    out = run_bench("bench/table.py", "--quick")
+    rows = [line.split() for line in out.splitlines() if not line.startswith(("#", "table"))]
+    assert {(r[0], r[1]) for r in rows} == {
+        (impl, verb)
+        for impl in ("ordereddict", "c", "python")
+        for verb in ("touch", "lookup", "store")
+    }
+    assert all(float(r[2]) > 0 for r in rows)
+    assert all(r[3] == "1.00x" for r in rows if r[0] == "ordereddict")
