@@ -171,6 +171,8 @@ def test_build_context_holds_the_package_and_nothing_else(
 ) -> None:
     needed = [
         "pyproject.toml",
+        "setup.py",
+        "kvoffload/_table.c",
         "kvoffload/__init__.py",
         "kvoffload/_version.py",
         "kvoffload/cli.py",
@@ -186,6 +188,7 @@ def test_build_context_holds_the_package_and_nothing_else(
         "bench/x.py",
         "dashboards/kvoffload-overview.json",
         "kvoffload/__pycache__/cli.cpython-311.pyc",
+        "kvoffload/_table.cpython-311-x86_64-linux-gnu.so",  # built here, for another Python
     ]:
         assert is_ignored(path, ignore_patterns), f"{path} would be sent to the build"
 
