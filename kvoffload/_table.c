@@ -844,51 +844,48 @@ find_one(BlockTable *t, PyObject *key)
     return tbl_find(t, key, h);
 }
 
+/* the resident entry with this key for a one-key reader: 1 with *ix set,
+   0 when there is none (absent or a ghost), -1 with an exception set */
 static int
-BT_contains(BlockTable *t, PyObject *key)
+find_resident(BlockTable *t, PyObject *key, int32_t *ix)
 {
     if (t->in_call) {
         reentered();
         return -1;
     }
     t->in_call = 1;
-    int32_t ix = find_one(t, key);
+    *ix = find_one(t, key);
     t->in_call = 0;
-    if (ix == -2)
+    if (*ix == -2)
         return -1;
-    return ix >= 0 && t->entries[ix].tag < N_RESIDENT;
+    return *ix >= 0 && t->entries[*ix].tag < N_RESIDENT;
 }
 
 static PyObject *
 BT_get(BlockTable *t, PyObject *key)
 {
-    ENTER(t);
-    int32_t ix = find_one(t, key);
-    PyObject *res;
-    if (ix == -2)
-        res = NULL;
-    else if (ix < 0 || t->entries[ix].tag >= N_RESIDENT)
-        res = Py_NewRef(Py_None);
-    else
-        res = Py_NewRef(t->entries[ix].handle);
-    t->in_call = 0;
-    return res;
+    int32_t ix;
+    int r = find_resident(t, key, &ix);
+    if (r < 0)
+        return NULL;
+    return Py_NewRef(r ? t->entries[ix].handle : Py_None);
+}
+
+static int
+BT_contains(BlockTable *t, PyObject *key)
+{
+    int32_t ix;
+    return find_resident(t, key, &ix);
 }
 
 static PyObject *
 BT_ref(BlockTable *t, PyObject *key)
 {
-    ENTER(t);
-    int32_t ix = find_one(t, key);
-    PyObject *res;
-    if (ix == -2)
-        res = NULL;
-    else if (ix < 0 || t->entries[ix].tag >= N_RESIDENT)
-        res = Py_NewRef(Py_None);
-    else
-        res = PyLong_FromLong(t->entries[ix].ref);
-    t->in_call = 0;
-    return res;
+    int32_t ix;
+    int r = find_resident(t, key, &ix);
+    if (r < 0)
+        return NULL;
+    return r ? PyLong_FromLong(t->entries[ix].ref) : Py_NewRef(Py_None);
 }
 
 static PyObject *
