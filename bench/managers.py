@@ -1,6 +1,6 @@
 """Manager throughput and memory, against a bare ``OrderedDict`` LRU loop.
 
-Replays the Mooncake traces in ../shared/data/traces the way an engine's
+Replays the Mooncake traces in data/traces the way an engine's
 scheduler drives a manager, per request::
 
     touch(hashes); n = lookup(hashes); out = prepare_store(hashes[n:])
@@ -58,7 +58,7 @@ from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
 from kvoffload.policies import available_policies
 from kvoffload.policies.arc import ARCPolicy
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 PERCENTS = (1, 5, 10, 25)
 BLOCK_SIZE = 16
 

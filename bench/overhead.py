@@ -45,7 +45,7 @@ from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload  # no
 from kvoffload.runtime.trace import load_mooncake_trace  # noqa: E402
 from kvoffload.runtime.workloads import Workload  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+DEFAULT_TRACE = ROOT / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 # An OTLP/HTTP sink: answers 200 to every POST and throws the body away.
 RECEIVER = r"""
@@ -82,10 +82,8 @@ class Run:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
-    if args.trace != "synthetic" and Path(args.trace).is_file():
-        return load_mooncake_trace(args.trace, limit=args.requests)
     if args.trace != "synthetic":
-        print(f"trace {args.trace} not found; using the synthetic workload", file=sys.stderr)
+        return load_mooncake_trace(args.trace, limit=args.requests)
     return SyntheticWorkload(SyntheticConfig(num_requests=args.requests, trace_block_size=512))
 
 

@@ -2,8 +2,8 @@
 
 Prints, per workload and capacity (1/5/10/25% of unique blocks), the prefix
 hit ratio of each policy, Belady's bound, and each policy's block ops/s as a
-ratio of LRU's. Workloads: the two Mooncake traces in ../shared/data/traces
-(skipped when absent) and three built-in synthetic shapes, other seeds.
+ratio of LRU's. Workloads: the two Mooncake traces in data/traces
+and three built-in synthetic shapes, other seeds.
 
     .venv/bin/python bench/policies.py [--only NAME,...]
 """
@@ -20,7 +20,7 @@ from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.trace import load_mooncake_trace
 from kvoffload.runtime.workloads import Request
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 CAPACITIES = (1, 5, 10, 25)
 POLICIES = ("lru", "arc", "kvarc")
 SYNTHETIC = {
@@ -48,7 +48,7 @@ SYNTHETIC = {
 def _workloads(only: set[str] | None) -> Iterable[tuple[str, Iterable[Request]]]:
     for name in ("conversation", "synthetic"):
         path = TRACES / f"mooncake_{name}_trace.jsonl"
-        if path.is_file() and (only is None or name in only):
+        if only is None or name in only:
             yield name, load_mooncake_trace(path)
     for name, cfg in SYNTHETIC.items():
         if only is None or name in only:

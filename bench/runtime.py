@@ -40,8 +40,7 @@ from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 
 TRACE = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared"
+    Path(__file__).resolve().parents[1]
     / "data"
     / "traces"
     / "mooncake_conversation_trace.jsonl"

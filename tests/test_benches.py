@@ -11,10 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "data" / "traces"
+TRACES = REPO / "data" / "traces"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -32,13 +30,6 @@ def run_bench(*args: str) -> str:
     return output(run(*args))
 
 
-@pytest.fixture(scope="module")
-def traces() -> None:
-    if not (TRACES / "mooncake_conversation_trace.jsonl").is_file():
-        pytest.skip("shared traces not present")
-
-
-@pytest.mark.usefixtures("traces")
 def test_bench_managers_prints_every_table() -> None:
     # with vLLM's own managers when its wheel is there (scripts/fetch-vllm)
     done = run("bench/managers.py", "--quick", "--vllm")
@@ -57,7 +48,6 @@ def test_bench_managers_prints_every_table() -> None:
             assert any(r[:2] == ["vllm", policy] and float(r[3]) > 0 for r in rows)
 
 
-@pytest.mark.usefixtures("traces")
 def test_bench_runtime_replays_without_verify_failures() -> None:
     out = run_bench("bench/runtime.py", "--quick")
     rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r}
@@ -71,7 +61,6 @@ def test_bench_transfer_reports_ratios() -> None:
     assert "ratio to contiguous copy" in out
 
 
-@pytest.mark.usefixtures("traces")
 def test_bench_overhead_reports_the_paired_ratio() -> None:
     out = run_bench("bench/overhead.py", "--requests", "100", "--repeats", "2")
     assert "overhead ratio (on/off throughput" in out

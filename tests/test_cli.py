@@ -17,7 +17,7 @@ from kvoffload.replay import parse_capacity
 from kvoffload.table import IMPLEMENTATION
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO / ".." / "shared" / "data" / "traces"
+TRACES = REPO / "data" / "traces"
 CONVERSATION = str(TRACES / "mooncake_conversation_trace.jsonl")
 SYNTHETIC = str(TRACES / "mooncake_synthetic_trace.jsonl")
 

@@ -17,7 +17,7 @@ from kvoffload import CPUBackend, PolicyOffloadingManager
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "writing-a-policy.md"
-TRACE = REPO.parent / "shared" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = REPO / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 def _example() -> str:
@@ -53,8 +53,6 @@ def test_guide_example_is_a_working_policy(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_guide_example_runs_through_replay_import(tmp_path: Path) -> None:
-    if not TRACE.is_file():
-        pytest.skip("shared traces not present")
     (tmp_path / "fifo_policy.py").write_text(_example())
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     done = subprocess.run(

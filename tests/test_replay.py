@@ -21,7 +21,7 @@ from kvoffload.runtime.synthetic import SyntheticWorkload
 from kvoffload.runtime.trace import load_mooncake_trace
 from kvoffload.runtime.workloads import Request
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 
 @cache

@@ -12,7 +12,7 @@ from kvoffload.policies import available_policies
 from kvoffload.policies.kvarc import GHOST_FACTOR
 
 TRACE = str(
-    Path(__file__).resolve().parents[3] / "shared/data/traces/mooncake_synthetic_trace.jsonl"
+    Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl"
 )
 SWITCHES = 200
 #: switched to in turn, from the start policy lru: arc, kvarc, lru, arc...

@@ -17,7 +17,7 @@ from kvoffload.runtime import EngineConfig
 from kvoffload.runtime.workloads import LoopedWorkload
 
 TRACE = str(
-    Path(__file__).resolve().parents[3] / "shared/data/traces/mooncake_conversation_trace.jsonl"
+    Path(__file__).resolve().parents[2] / "data/traces/mooncake_conversation_trace.jsonl"
 )
 
 

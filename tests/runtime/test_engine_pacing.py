@@ -16,7 +16,7 @@ from kvoffload.runtime.engine import Engine, EngineConfig
 from kvoffload.runtime.observer import EngineObserver, RequestRecord
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 SPEED = 20.0
 WAIT_S = 30.0
 

@@ -26,7 +26,7 @@ from kvoffload.runtime.observer import EngineObserver, RequestRecord
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 
 GPU_BLOCK = 128
 CPU_BLOCK = 512  # = the trace's block size: one offloaded block per trace id

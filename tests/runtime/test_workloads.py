@@ -25,7 +25,7 @@ from kvoffload.runtime.workloads import (
     paced,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 
 GOOD_ROWS = [
     {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1]},
