@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -221,7 +222,19 @@ class _ProgressBar:
             return None
         from tqdm import tqdm
 
-        self.bar = tqdm(total=self.total, unit="req", file=sys.stderr, leave=False)
+        # A pseudo-terminal nobody sized (``script`` under CI, some IDE
+        # consoles) reports 0 x 0, and tqdm then draws nothing at all.
+        try:
+            sized = all(os.get_terminal_size(sys.stderr.fileno()))
+        except OSError:
+            sized = False
+        self.bar = tqdm(
+            total=self.total,
+            unit="req",
+            file=sys.stderr,
+            leave=False,
+            **({} if sized else {"ncols": 80, "nrows": 24}),
+        )
         return self.bar.update  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: object) -> None:

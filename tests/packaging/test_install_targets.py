@@ -1,0 +1,200 @@
+"""Each install target works alone, as a user meets it: a fresh virtual
+environment, ``pip install`` of this checkout with one extra, then the entry
+point of that extra. Nothing from the test environment leaks in, so a module
+an entry point imports but its extra does not declare fails here.
+
+Slow (a fresh venv each, torch for the service): about a minute apiece.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
+#: the CPU build on CI machines; never a multi-GB CUDA download
+TORCH = "torch==2.13.0"
+
+pytestmark = pytest.mark.slow
+
+
+def _source_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked and new, not ignored):
+    no .venv, no built extension, no caches."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, listed):
+        src = REPO / os.fsdecode(name)
+        if src.is_file():
+            target = dest / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    return dest
+
+
+def _fresh_venv(tmp: Path, *requirements: str) -> Path:
+    """A new venv with ``pip install <requirements>``; returns its bin folder."""
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    for requirement in requirements:
+        done = subprocess.run(
+            [str(bin_dir / "python"), "-m", "pip", "install", "-q", requirement],
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+        )
+        assert done.returncode == 0, f"pip install {requirement} failed:\n{done.stderr[-4000:]}"
+    return bin_dir
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment without this venv or any KVOFFLOAD_/OTEL_ setting."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("KVOFFLOAD_", "OTEL_", "PYTHON", "VIRTUAL_ENV"))
+    }
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)
+    )
+    return {**env, **extra}
+
+
+def test_core_install_imports_and_replays_in_a_terminal(tmp_path: Path) -> None:
+    src = _source_copy(tmp_path / "src")
+    bin_dir = _fresh_venv(tmp_path, str(src))
+    probe = (
+        "import sys, kvoffload, kvoffload.table as t; "
+        "heavy = sorted(m for m in ('torch', 'fastapi', 'prometheus_client', 'opentelemetry', "
+        "'pydantic', 'uvicorn') if m in sys.modules); "
+        "print(t.IMPLEMENTATION, heavy)"
+    )
+    done = subprocess.run(
+        [str(bin_dir / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["c", "[]"]
+
+    # stderr on a pseudo-terminal: the progress bar is drawn (tqdm), stdout
+    # still carries the table
+    leader, follower = os.openpty()
+    received: list[bytes] = []
+
+    def read_terminal() -> None:  # concurrently: a full pty buffer blocks the writer
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO once the last writer is gone
+                return
+            if not chunk:
+                return
+            received.append(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        run = subprocess.run(
+            [
+                str(bin_dir / "kvoffload"),
+                "replay",
+                str(TRACE),
+                "--policy",
+                "lru,kvarc",
+                "--capacity",
+                "5%",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            cwd=tmp_path,
+            env=_clean_env(),
+            timeout=300,
+        )
+    finally:
+        os.close(follower)
+        reader.join(10)
+        os.close(leader)
+    terminal = b"".join(received)
+    assert run.returncode == 0, terminal.decode(errors="replace")
+    assert b"req/s" in terminal or b"req]" in terminal, terminal  # tqdm's rate, unit "req"
+    table = run.stdout.decode()
+    assert "lru" in table and "kvarc" in table and "belady" in table.lower()
+
+    # the service is another extra's: one clear line, no traceback
+    serve = subprocess.run(
+        [str(bin_dir / "kvoffload"), "serve"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
+    )
+    assert serve.returncode == 2
+    assert "install kvoffload with the 'app' extra" in serve.stderr
+    assert "Traceback" not in serve.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_app_install_serves_until_ready(tmp_path: Path) -> None:
+    src = _source_copy(tmp_path / "src")
+    bin_dir = _fresh_venv(tmp_path, TORCH, f"{src}[app]")
+    port = _free_port()
+    with (tmp_path / "serve.log").open("w+") as log:
+        proc = subprocess.Popen(
+            [str(bin_dir / "kvoffload"), "serve", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=_clean_env(),
+        )
+        try:
+            status = _wait_ready(f"http://127.0.0.1:{port}", proc)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/cache", timeout=5) as r:
+                cache_status = r.status
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+        log.seek(0)
+        output = log.read()
+    assert status == 200, output
+    assert cache_status == 200, output
+    assert code == 0, output
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> int | None:
+    """``/readyz``'s status once it answers 200, or ``None`` if the process
+    ended or ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+                return int(r.status)
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.5)
+    return None
