@@ -16,9 +16,7 @@ from kvoffload.policies import available_policies
 from kvoffload.runtime import EngineConfig
 from kvoffload.runtime.workloads import LoopedWorkload
 
-TRACE = str(
-    Path(__file__).resolve().parents[2] / "data/traces/mooncake_conversation_trace.jsonl"
-)
+TRACE = str(Path(__file__).resolve().parents[2] / "data/traces/mooncake_conversation_trace.jsonl")
 
 
 def test_defaults() -> None:
