@@ -39,7 +39,8 @@ from kvoffload.instrumentation import (  # noqa: E402
     PrometheusObserver,
     config_labels,
 )
-from kvoffload.runtime.engine import Engine, EngineConfig  # noqa: E402
+from kvoffload.runtime.config import EngineConfig  # noqa: E402
+from kvoffload.runtime.engine import Engine  # noqa: E402
 from kvoffload.runtime.observer import EngineObserver  # noqa: E402
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload  # noqa: E402
 from kvoffload.runtime.trace import load_mooncake_trace  # noqa: E402

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 from kvoffload.policies import available_policies
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler

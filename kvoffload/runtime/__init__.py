@@ -17,7 +17,8 @@ from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRe
 from kvoffload.runtime.snapshot import EngineSnapshot, RuntimeStats
 
 if TYPE_CHECKING:
-    from kvoffload.runtime.engine import Engine, EngineConfig
+    from kvoffload.runtime.config import EngineConfig
+    from kvoffload.runtime.engine import Engine
 
 __all__ = [
     "Command",
@@ -35,8 +36,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Engine", "EngineConfig"):
-        from kvoffload.runtime import engine
+    if name == "Engine":
+        from kvoffload.runtime.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "EngineConfig":
+        from kvoffload.runtime.config import EngineConfig
+
+        return EngineConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

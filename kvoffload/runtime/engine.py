@@ -1,195 +1,53 @@
 """The serving loop: drives an offloading manager and the swap handler step by step.
 
-Per step, for each scheduled request, in the order vLLM's offloading
-connector uses: ``touch`` the request's offloaded hashes; ``lookup`` past the
-GPU prefix hit; ``prepare_load`` and submit a CPU->GPU job for CPU hits;
-"compute" the remaining blocks (contents derived from the block hash);
-``prepare_store`` the request's new offloaded blocks and submit GPU->CPU jobs;
-then poll ``get_finished`` and ``complete_load`` / ``complete_store``. Every
-loaded block is verified byte for byte. A failed store completes with
-``success=False``; a failed load is recomputed.
+Each step takes the requests that are due (:mod:`~kvoffload.runtime.arrivals`),
+up to ``max_requests_per_step``, and serves each one's blocks in the order
+vLLM's offloading connector uses (:mod:`~kvoffload.runtime.scheduling`);
+finished transfer jobs are completed between requests
+(:mod:`~kvoffload.runtime.jobs`). Every loaded block is verified byte for byte.
 
 Commands (policy switch, pause, resume, reset) are queued from any thread and
 applied by the engine thread between steps; readers get the immutable
-:class:`EngineSnapshot` published after every step. No lock is taken on the
-hot path.
+:class:`EngineSnapshot` published after every step and command. No lock is
+taken on the hot path.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import logging
 import queue
-import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
-from typing import Literal, cast
+from collections.abc import Sequence
+from typing import cast
 
-from kvoffload.abstract import BlockHash
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
 from kvoffload.event_log import EventLog
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.policies import available_policies, policy_class
+from kvoffload.runtime.arrivals import Arrivals
 from kvoffload.runtime.commands import (
     Command,
     CommandResult,
     EngineStoppedError,
     VersionConflictError,
 )
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.jobs import TransferJobs
 from kvoffload.runtime.kv_store import GPUKVStore
-from kvoffload.runtime.observer import (
-    Direction,
-    EngineObserver,
-    RequestRecord,
-    TransferRecord,
-)
+from kvoffload.runtime.observer import EngineObserver, TransferRecord
+from kvoffload.runtime.scheduling import RequestScheduler
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
-from kvoffload.runtime.workloads import Request, Workload, engine_block_hashes
-from kvoffload.transfer.layout import Layout
-from kvoffload.transfer.worker import OffloadingHandler, OffloadingWorker, TransferSpec
+from kvoffload.runtime.workloads import Request, Workload
+from kvoffload.transfer.faults import FaultInjectingHandler
+from kvoffload.transfer.worker import OffloadingHandler, OffloadingWorker
+
+__all__ = ["Engine", "EngineConfig"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Shape of the simulated model and of both cache tiers.
-
-    The defaults make a small, fast engine: 2 layers of a tiny model, a GPU
-    prefix cache of 512 blocks and a CPU tier of 2048 offloaded blocks.
-    """
-
-    policy: str = "lru"
-    #: offloaded (CPU) blocks in the CPU tier
-    num_cpu_blocks: int = 2048
-    #: blocks of the GPU KV cache (its prefix cache reuses the unpinned ones)
-    num_gpu_blocks: int = 512
-    #: tokens per GPU block
-    gpu_block_size: int = 16
-    #: tokens per offloaded block; a multiple of ``gpu_block_size``
-    offloaded_block_size: int = 64
-    num_layers: int = 2
-    num_kv_heads: int = 2
-    head_size: int = 16
-    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
-    kv_layout: Layout = "kv_first"
-    device: str = "auto"
-    #: requests scheduled per engine step
-    max_requests_per_step: int = 4
-    event_log_capacity: int = 10_000
-    #: trace seconds per wall second (None = as fast as possible)
-    speed: float | None = None
-    #: fraction of transfer jobs reported failed on purpose (chaos testing)
-    inject_failure_rate: float = 0.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        policy_class(self.policy)
-        for name in (
-            "num_cpu_blocks",
-            "num_gpu_blocks",
-            "gpu_block_size",
-            "offloaded_block_size",
-            "max_requests_per_step",
-            "event_log_capacity",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if self.offloaded_block_size % self.gpu_block_size:
-            raise ConfigError(
-                f"offloaded_block_size ({self.offloaded_block_size}) must be a multiple of "
-                f"gpu_block_size ({self.gpu_block_size})"
-            )
-        if self.num_gpu_blocks < self.block_factor:
-            # a request keeps at least one offloaded block, and all of it
-            # must fit on the GPU at once
-            raise ConfigError(
-                f"num_gpu_blocks ({self.num_gpu_blocks}) must hold one offloaded block "
-                f"({self.block_factor} GPU blocks); raise num_gpu_blocks or lower "
-                "offloaded_block_size"
-            )
-        if self.speed is not None and not self.speed > 0:
-            raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")
-        if not 0.0 <= self.inject_failure_rate <= 1.0:
-            raise ConfigError(
-                f"inject_failure_rate must be within [0, 1], got {self.inject_failure_rate!r}"
-            )
-
-    @property
-    def block_factor(self) -> int:
-        """GPU blocks per offloaded block."""
-        return self.offloaded_block_size // self.gpu_block_size
-
-
-class _FaultInjector(OffloadingHandler):
-    """Wraps a handler and reports a seeded fraction of its jobs as failed."""
-
-    def __init__(self, inner: OffloadingHandler, rate: float, seed: int) -> None:
-        self.inner = inner
-        self.rate = rate
-        self._rng = random.Random(seed)
-        self._doomed: set[int] = set()
-
-    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        ok = self.inner.transfer_async(job_id, spec)
-        if ok and self._rng.random() < self.rate:
-            self._doomed.add(job_id)
-        return ok
-
-    def get_finished(self) -> list[tuple[int, bool]]:
-        out = []
-        for job_id, ok in self.inner.get_finished():
-            if job_id in self._doomed:
-                self._doomed.discard(job_id)
-                ok = False
-            out.append((job_id, ok))
-        return out
-
-
-@dataclass(slots=True)
-class _Job:
-    direction: Direction
-    #: offloaded hashes the job completes in the manager
-    hashes: list[BlockHash]
-    gpu_ids: list[int]
-    #: GPU-block hashes of ``gpu_ids`` (for verification and recompute)
-    gpu_hashes: list[BlockHash]
-    submitted_ns: int
-
-
-_RUNTIME_FIELDS = tuple(f.name for f in fields(RuntimeStats))
-
-
-@dataclass(slots=True)
-class _Counters:
-    """Mutable twin of :class:`RuntimeStats`, written by the engine thread only."""
-
-    steps: int = 0
-    requests: int = 0
-    prompt_tokens: int = 0
-    gpu_hit_tokens: int = 0
-    cpu_hit_tokens: int = 0
-    computed_tokens: int = 0
-    load_jobs: int = 0
-    store_jobs: int = 0
-    failed_jobs: int = 0
-    loaded_blocks: int = 0
-    stored_blocks: int = 0
-    loaded_bytes: int = 0
-    stored_bytes: int = 0
-    verify_failures: int = 0
-    step_seconds_total: float = 0.0
-    last_step_seconds: float = 0.0
-
-    def freeze(self) -> RuntimeStats:
-        return RuntimeStats(**{name: getattr(self, name) for name in _RUNTIME_FIELDS})
-
 
 _STOP = object()
 #: what the command queue holds besides ``_STOP``
@@ -259,22 +117,21 @@ class Engine:
                 num_gpu_blocks=config.num_gpu_blocks,
             )
         if config.inject_failure_rate > 0:
-            handler = _FaultInjector(handler, config.inject_failure_rate, config.seed)
+            handler = FaultInjectingHandler(handler, config.inject_failure_rate, config.seed)
         self.worker = OffloadingWorker()
         self.worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, handler)
         self.worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, handler)
-        self._jobs: dict[int, _Job] = {}
-        self._job_ids = itertools.count(1)
-        self._c = _Counters()
+        self._c = RuntimeStats()
+        self._jobs = TransferJobs(self.worker, self.manager, self.kv, self._c, self._job_finished)
+        self._scheduler = RequestScheduler(
+            config, self.kv, self.manager, self._jobs, self._c, workload.trace_block_size
+        )
+        self._arrivals = Arrivals(workload, config.speed)
         self._state: EngineState = "created"
         self._policy_version = 1
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stop_requested = False
         self._thread: threading.Thread | None = None
-        self._requests: Iterator[Request] | None = None
-        self._pending_request: Request | None = None
-        self._pace_origin: tuple[float, float] | None = None
-        self._step_evictions = 0
         self._snapshot = self._take_snapshot()
 
     # -- public surface ----------------------------------------------------
@@ -359,7 +216,7 @@ class Engine:
             self._apply_commands(block=False)
             if self._state == "paused":
                 break
-            wait = self._due_in()
+            wait = self._arrivals.due_in()
             if wait > 0:
                 # commands sent meanwhile (a pause) take effect before the step
                 self._apply_commands(block=True, timeout=wait)
@@ -367,7 +224,7 @@ class Engine:
             if not self.step():
                 break
             done += 1
-        self._drain_jobs()
+        self._jobs.drain()
         self._publish()
         return self._snapshot
 
@@ -454,12 +311,12 @@ class Engine:
                 self._apply_commands(block=False)
                 if self._state != "running" or self._stop_requested:
                     continue
-                wait = self._due_in()
+                wait = self._arrivals.due_in()
                 if wait > 0:
                     self._apply_commands(block=True, timeout=min(wait, 0.5))
                     continue
                 if not self.step():
-                    self._drain_jobs()
+                    self._jobs.drain()
                     self._state = "finished"
                     self._publish()
         except Exception:
@@ -468,7 +325,7 @@ class Engine:
             self._finish()
 
     def _finish(self) -> None:
-        self._drain_jobs()
+        self._jobs.drain()
         self._state = "stopped"
         self._publish()
         for obs in self.observers:
@@ -490,35 +347,14 @@ class Engine:
                         EngineStoppedError("the engine stopped before applying the command")
                     )
 
-    def _next_request(self) -> Request | None:
-        if self._pending_request is not None:
-            r, self._pending_request = self._pending_request, None
-            return r
-        if self._requests is None:
-            self._requests = iter(self.workload)
-        return next(self._requests, None)
-
-    def _due_in(self) -> float:
-        """Seconds until the next request is due under pacing (0 if now)."""
-        if self.config.speed is None:
-            return 0.0
-        r = self._next_request()
-        if r is None:
-            return 0.0
-        self._pending_request = r
-        now = time.monotonic()
-        if self._pace_origin is None:
-            self._pace_origin = (now, r.arrival_time)
-        start, first = self._pace_origin
-        return max(0.0, start + (r.arrival_time - first) / self.config.speed - now)
-
     def step(self) -> bool:
         """Take one engine step; ``False`` when the workload is exhausted."""
+        arrivals = self._arrivals
         batch: list[Request] = []
         while len(batch) < self.config.max_requests_per_step:
-            if batch and self._due_in() > 0:
+            if batch and arrivals.due_in() > 0:
                 break
-            r = self._next_request()
+            r = arrivals.take()
             if r is None:
                 break
             batch.append(r)
@@ -529,203 +365,30 @@ class Engine:
         start = time.perf_counter_ns()
         for obs in self.observers:
             self._notify(obs.step_started, step, start)
-        self._step_evictions = 0
-        self._collect_finished()
+        scheduler = self._scheduler
+        evictions_before = scheduler.evictions
+        self._jobs.collect()
         for r in batch:
-            self._serve(r, step)
-        self._collect_finished()
+            record = scheduler.serve(r, step)
+            for obs in self.observers:
+                self._notify(obs.request_finished, record)
+        self._jobs.collect()
         end = time.perf_counter_ns()
         c.steps = step
         c.last_step_seconds = (end - start) / 1e9
         c.step_seconds_total += c.last_step_seconds
-        if self._step_evictions:
+        evicted = scheduler.evictions - evictions_before
+        if evicted:
             for obs in self.observers:
-                self._notify(
-                    obs.blocks_evicted, step, self._step_evictions, self.manager.policy_name
-                )
+                self._notify(obs.blocks_evicted, step, evicted, self.manager.policy_name)
         for obs in self.observers:
             self._notify(obs.step_finished, step, start, end, len(batch))
         self._publish()
         return True
 
-    # -- one request ---------------------------------------------------------
-
-    def _serve(self, r: Request, step: int) -> None:
-        cfg = self.config
-        kv = self.kv
-        m = self.manager
-        k = cfg.block_factor
-        bs = cfg.gpu_block_size
-        gpu_hashes = engine_block_hashes(
-            r.block_ids,
-            trace_block_size=self.workload.trace_block_size,
-            engine_block_size=bs,
-            num_tokens=r.input_length,
-        )
-        # A request larger than the GPU cache cannot be prefilled at once;
-        # keep the prefix that fits (counted in the prompt tokens).
-        limit = max(k, (kv.num_blocks // 2) // k * k)
-        if len(gpu_hashes) > limit:
-            gpu_hashes = gpu_hashes[:limit]
-        n = len(gpu_hashes)
-        offloaded = [gpu_hashes[(j + 1) * k - 1] for j in range(n // k)]
-        if offloaded:
-            m.touch(offloaded)
-        # Make sure the request's blocks fit, finishing jobs if needed.
-        g = kv.prefix_hit(gpu_hashes)
-        hit_ids = kv.pin_cached(gpu_hashes[:g])
-        while kv.available() < n - g and self._jobs:
-            self._collect_finished(wait=True)
-        if kv.available() < n - g:  # pragma: no cover - prevented by the limit above
-            kv.unpin(hit_ids)
-            raise ConfigError(
-                f"the GPU cache ({kv.num_blocks} blocks) cannot hold a request of {n} blocks"
-            )
-        # CPU tier: lookup past the GPU hit, starting at the offloaded block
-        # that holds the first GPU miss.
-        first_off = g // k
-        cpu_hits = m.lookup(offloaded[first_off:]) if first_off < len(offloaded) else 0
-        load_end = (first_off + cpu_hits) * k  # GPU blocks covered after loading
-        loaded = max(0, load_end - g)
-        load_ids: list[int] = []
-        if loaded:
-            load_hashes = offloaded[first_off : first_off + cpu_hits]
-            cpu_spec = m.prepare_load(load_hashes)
-            load_ids = kv.allocate(gpu_hashes[g:load_end])
-            # The GPU hit may end inside the first offloaded block: the
-            # handler skips its leading sub-blocks (vLLM defect 7).
-            self._submit_job(
-                "load",
-                (cpu_spec, GPULoadStoreSpec(load_ids)),
-                load_hashes,
-                load_ids,
-                gpu_hashes[g:load_end],
-            )
-        else:
-            load_end = g
-        # "Compute" what neither tier had.
-        comp_ids = kv.allocate(gpu_hashes[load_end:])
-        kv.compute(comp_ids, gpu_hashes[load_end:])
-        # Store the request's new offloaded blocks (those not loaded).
-        store_from = max(first_off + cpu_hits, g // k)
-        out = m.prepare_store(offloaded[store_from:]) if store_from < len(offloaded) else None
-        all_ids = hit_ids + load_ids + comp_ids
-        if out is not None:
-            self._step_evictions += len(out.block_hashes_evicted)
-            if out.block_hashes_to_store:
-                pos = {h: j for j, h in enumerate(offloaded)}
-                ids: list[int] = []
-                sub_hashes: list[BlockHash] = []
-                for h in out.block_hashes_to_store:
-                    j = pos[h]
-                    ids.extend(all_ids[j * k : (j + 1) * k])
-                    sub_hashes.extend(gpu_hashes[j * k : (j + 1) * k])
-                kv.pin(ids)  # the store job reads them until it finishes
-                self._submit_job(
-                    "store",
-                    (GPULoadStoreSpec(ids), out.store_spec),
-                    list(out.block_hashes_to_store),
-                    ids,
-                    sub_hashes,
-                )
-        kv.unpin(hit_ids)
-        kv.unpin(comp_ids)
-        c = self._c
-        c.requests += 1
-        c.prompt_tokens += n * bs
-        c.gpu_hit_tokens += g * bs
-        # The loaded tokens are counted when their job finishes (as CPU hits,
-        # or as computed if it failed), so no counter ever goes down; until
-        # then the three outcomes sum to less than prompt_tokens.
-        c.computed_tokens += (n - g - loaded) * bs
-        if self.observers:
-            rec = RequestRecord(
-                r.request_id, step, n * bs, g * bs, loaded * bs, (n - g - loaded) * bs
-            )
-            for obs in self.observers:
-                self._notify(obs.request_finished, rec)
-
-    # -- transfer jobs -------------------------------------------------------
-
-    def _submit_job(
-        self,
-        direction: Direction,
-        spec: TransferSpec,
-        hashes: list[BlockHash],
-        gpu_ids: list[int],
-        gpu_hashes: list[BlockHash],
-    ) -> None:
-        job_id = next(self._job_ids)
-        job = _Job(direction, hashes, gpu_ids, gpu_hashes, time.perf_counter_ns())
-        if direction == "store":
-            self._c.store_jobs += 1
-        else:
-            self._c.load_jobs += 1
-        if self.worker.transfer_async(job_id, spec):
-            self._jobs[job_id] = job
-        else:
-            self._finish_job(job_id, job, ok=False)
-
-    def _collect_finished(self, wait: bool = False) -> None:
-        """Complete the jobs the handlers report finished; with ``wait``, poll
-        until at least one finished (or none is in flight)."""
-        while True:
-            finished = self.worker.get_finished()
-            for job_id, ok in finished:
-                job = self._jobs.pop(job_id, None)
-                if job is None:
-                    logger.error("handler reported unknown job %d", job_id)
-                    continue
-                self._finish_job(job_id, job, ok)
-            if finished or not wait or not self._jobs:
-                return
-            time.sleep(0.0002)
-
-    def _finish_job(self, job_id: int, job: _Job, ok: bool) -> None:
-        c = self._c
-        m = self.manager
-        kv = self.kv
-        n = len(job.gpu_ids)
-        nbytes = n * kv.block_bytes
-        if job.direction == "store":
-            m.complete_store(job.hashes, success=ok)
-            kv.unpin(job.gpu_ids)
-            if ok:
-                c.stored_blocks += n
-                c.stored_bytes += nbytes
-        else:
-            m.complete_load(job.hashes)
-            if ok:
-                bad = kv.verify(job.gpu_ids, job.gpu_hashes)
-                if bad:
-                    c.verify_failures += bad
-                    logger.error(
-                        "load job %d: %d of %d blocks differ from what was stored", job_id, bad, n
-                    )
-                c.loaded_blocks += n
-                c.loaded_bytes += nbytes
-                c.cpu_hit_tokens += n * self.config.gpu_block_size
-            else:
-                # The data never arrived: recompute it so the request is
-                # still served correctly, and count those tokens as computed.
-                kv.compute(job.gpu_ids, job.gpu_hashes)
-                c.computed_tokens += n * self.config.gpu_block_size
-            kv.unpin(job.gpu_ids)
-        if not ok:
-            c.failed_jobs += 1
-        if self.observers:
-            rec = TransferRecord(
-                job_id, job.direction, n, nbytes, job.submitted_ns, time.perf_counter_ns(), ok
-            )
-            for obs in self.observers:
-                self._notify(obs.transfer_finished, rec)
-
-    def _drain_jobs(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self._jobs and time.monotonic() < deadline:
-            self._collect_finished(wait=True)
-        if self._jobs:
-            logger.error("%d transfer jobs still in flight after %.1f s", len(self._jobs), timeout)
+    def _job_finished(self, record: TransferRecord) -> None:
+        for obs in self.observers:
+            self._notify(obs.transfer_finished, record)
 
     # -- snapshots -----------------------------------------------------------
 
@@ -736,7 +399,7 @@ class Engine:
             policy_version=self._policy_version,
             workload=self._workload_description,
             manager=self.manager.stats(),
-            runtime=self._c.freeze(),
+            runtime=self._c.copy(),
             timestamp=time.time(),
         )
 

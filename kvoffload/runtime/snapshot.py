@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -10,9 +11,15 @@ from kvoffload.stats import ManagerStats
 EngineState = Literal["created", "running", "paused", "finished", "stopped"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RuntimeStats:
-    """Monotonic counters of the serving loop since start (``reset`` keeps them)."""
+    """Monotonic counters of the serving loop since start (``reset`` keeps them).
+
+    The one definition of these counters: the engine thread updates its own
+    instance in place, each :class:`EngineSnapshot` holds a copy taken when it
+    was published (:meth:`copy`), which nobody changes, and the admin API's
+    model is derived from these fields.
+    """
 
     steps: int = 0
     #: requests fully processed
@@ -34,6 +41,10 @@ class RuntimeStats:
     verify_failures: int = 0
     step_seconds_total: float = 0.0
     last_step_seconds: float = 0.0
+
+    def copy(self) -> RuntimeStats:
+        """An independent copy (what a snapshot holds)."""
+        return copy.copy(self)
 
 
 @dataclass(frozen=True, slots=True)

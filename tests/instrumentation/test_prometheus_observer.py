@@ -13,7 +13,8 @@ from kvoffload.instrumentation import (
     PrometheusObserver,
     config_labels,
 )
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import TransferRecord
 
 from .test_prometheus_collector import promtool_check

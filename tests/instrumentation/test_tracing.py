@@ -26,7 +26,8 @@ from kvoffload.event_log import EventLog
 from kvoffload.instrumentation import TracingObserver
 from kvoffload.instrumentation.tracing import Attr, LogEvent
 from kvoffload.runtime.commands import CommandResult
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import RequestRecord, TransferRecord
 
 from .conftest import OTel, make_otel

@@ -15,7 +15,8 @@ from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.mediums import CPULoadStoreSpec
 from kvoffload.policies import available_policies
 from kvoffload.runtime.commands import CommandResult, VersionConflictError
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload

@@ -12,7 +12,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import EngineObserver, RequestRecord
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 

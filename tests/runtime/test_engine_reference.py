@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import EngineObserver, RequestRecord
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace

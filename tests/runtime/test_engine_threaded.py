@@ -13,7 +13,8 @@ import pytest
 
 from kvoffload.errors import PolicyError
 from kvoffload.runtime.commands import EngineStoppedError, VersionConflictError
-from kvoffload.runtime.engine import Engine, EngineConfig
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.workloads import loop

@@ -1,0 +1,84 @@
+"""The engine's configuration: the shape of the simulated model and of both
+cache tiers, checked when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kvoffload.errors import ConfigError
+from kvoffload.policies import policy_class
+from kvoffload.transfer.layout import Layout
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Shape of the simulated model and of both cache tiers.
+
+    The defaults make a small, fast engine: 2 layers of a tiny model, a GPU
+    prefix cache of 512 blocks and a CPU tier of 2048 offloaded blocks.
+    """
+
+    policy: str = "lru"
+    #: offloaded (CPU) blocks in the CPU tier
+    num_cpu_blocks: int = 2048
+    #: blocks of the GPU KV cache (its prefix cache reuses the unpinned ones)
+    num_gpu_blocks: int = 512
+    #: tokens per GPU block
+    gpu_block_size: int = 16
+    #: tokens per offloaded block; a multiple of ``gpu_block_size``
+    offloaded_block_size: int = 64
+    num_layers: int = 2
+    num_kv_heads: int = 2
+    head_size: int = 16
+    dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    kv_layout: Layout = "kv_first"
+    device: str = "auto"
+    #: requests scheduled per engine step
+    max_requests_per_step: int = 4
+    event_log_capacity: int = 10_000
+    #: trace seconds per wall second (None = as fast as possible)
+    speed: float | None = None
+    #: fraction of transfer jobs reported failed on purpose (chaos testing)
+    inject_failure_rate: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        policy_class(self.policy)
+        for name in (
+            "num_cpu_blocks",
+            "num_gpu_blocks",
+            "gpu_block_size",
+            "offloaded_block_size",
+            "max_requests_per_step",
+            "event_log_capacity",
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.offloaded_block_size % self.gpu_block_size:
+            raise ConfigError(
+                f"offloaded_block_size ({self.offloaded_block_size}) must be a multiple of "
+                f"gpu_block_size ({self.gpu_block_size})"
+            )
+        if self.num_gpu_blocks < self.block_factor:
+            # a request keeps at least one offloaded block, and all of it
+            # must fit on the GPU at once
+            raise ConfigError(
+                f"num_gpu_blocks ({self.num_gpu_blocks}) must hold one offloaded block "
+                f"({self.block_factor} GPU blocks); raise num_gpu_blocks or lower "
+                "offloaded_block_size"
+            )
+        if self.speed is not None and not self.speed > 0:
+            raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")
+        if not 0.0 <= self.inject_failure_rate <= 1.0:
+            raise ConfigError(
+                f"inject_failure_rate must be within [0, 1], got {self.inject_failure_rate!r}"
+            )
+
+    @property
+    def block_factor(self) -> int:
+        """GPU blocks per offloaded block."""
+        return self.offloaded_block_size // self.gpu_block_size

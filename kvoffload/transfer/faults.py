@@ -1,0 +1,45 @@
+"""Chaos for any handler: report a seeded fraction of its jobs as failed.
+
+:class:`~kvoffload.transfer.memory.InMemoryOffloadingHandler` injects failures
+into its own fake copies; :class:`FaultInjectingHandler` wraps a real one (the
+CPU/GPU handler, say), so callers' error paths run against real copies. The
+inner handler still runs a doomed job to the end; only its result is turned
+into a failure, as when a copy engine reports an error after the fact.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvoffload.errors import TransferError
+from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
+
+__all__ = ["FaultInjectingHandler"]
+
+
+class FaultInjectingHandler(OffloadingHandler):
+    """Wraps ``inner`` and reports a seeded fraction ``rate`` of the jobs it
+    accepts as failed (``(job_id, False)``); refusals pass through unchanged."""
+
+    def __init__(self, inner: OffloadingHandler, rate: float, seed: int = 0) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise TransferError(f"failure rate must lie in [0, 1], got {rate!r}")
+        self.inner = inner
+        self.rate = rate
+        self._rng = random.Random(seed)
+        self._doomed: set[int] = set()
+
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        ok = self.inner.transfer_async(job_id, spec)
+        if ok and self._rng.random() < self.rate:
+            self._doomed.add(job_id)
+        return ok
+
+    def get_finished(self) -> list[TransferResult]:
+        out = []
+        for job_id, ok in self.inner.get_finished():
+            if job_id in self._doomed:
+                self._doomed.discard(job_id)
+                ok = False
+            out.append((job_id, ok))
+        return out

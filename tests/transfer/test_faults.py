@@ -1,0 +1,54 @@
+"""FaultInjectingHandler turns a seeded fraction of a real handler's jobs into
+failures, and nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.errors import TransferError
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.faults import FaultInjectingHandler
+from kvoffload.transfer.memory import InMemoryOffloadingHandler
+
+
+def _store(i: int) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:
+    return GPULoadStoreSpec([i]), CPULoadStoreSpec([i])
+
+
+def _run(handler: FaultInjectingHandler, jobs: int) -> dict[int, bool]:
+    for j in range(jobs):
+        assert handler.transfer_async(j, _store(j))
+    return dict(handler.get_finished())
+
+
+def _inner() -> InMemoryOffloadingHandler:
+    return InMemoryOffloadingHandler(num_gpu_blocks=64, num_cpu_blocks=64, strict=False)
+
+
+def test_rate_zero_and_one() -> None:
+    assert all(_run(FaultInjectingHandler(_inner(), 0.0), 20).values())
+    assert not any(_run(FaultInjectingHandler(_inner(), 1.0), 20).values())
+
+
+def test_seeded_fraction_is_reproducible_and_reported_once() -> None:
+    a = _run(FaultInjectingHandler(_inner(), 0.5, seed=7), 64)
+    b = _run(FaultInjectingHandler(_inner(), 0.5, seed=7), 64)
+    assert a == b and len(a) == 64
+    assert 10 < sum(not ok for ok in a.values()) < 54
+    handler = FaultInjectingHandler(_inner(), 0.5, seed=7)
+    _run(handler, 8)
+    assert handler.get_finished() == []
+
+
+def test_refusals_pass_through_and_are_never_reported() -> None:
+    inner = _inner()
+    inner.refuse_all = True
+    handler = FaultInjectingHandler(inner, 1.0)
+    assert handler.transfer_async(1, _store(1)) is False
+    assert handler.get_finished() == []
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_rate_outside_the_unit_interval_is_refused(rate: float) -> None:
+    with pytest.raises(TransferError, match=r"\[0, 1\]"):
+        FaultInjectingHandler(_inner(), rate)
