@@ -11,7 +11,7 @@ import pytest
 
 import kvoffload
 
-HEAVY = ("torch", "fastapi", "prometheus_client", "opentelemetry", "starlette", "uvicorn")
+HEAVY = ("torch", "vllm", "fastapi", "prometheus_client", "opentelemetry", "starlette", "uvicorn")
 
 
 def _run(code: str) -> dict[str, object]:
