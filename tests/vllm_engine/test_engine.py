@@ -107,6 +107,21 @@ def test_engine_gpu_hit_ending_inside_an_offloaded_block_defect7(
     assert step.output == run.steps["a"].output == baseline.steps["a"].output
 
 
+def test_vllm_own_handler_asserts_on_that_load_defect7() -> None:
+    """The load above (2 offloaded blocks of 2 sub-blocks into 3 GPU blocks)
+    given to vLLM 0.11.2's own handler: it checks the counts before touching
+    CUDA, so this runs without a GPU (its constructor would not; skipped)."""
+    from vllm.v1.kv_offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+    from vllm.v1.kv_offload.worker.cpu_gpu import CpuGpuOffloadingHandler
+
+    handler = object.__new__(CpuGpuOffloadingHandler)
+    handler.block_size_factor = 2
+    handler.h2d_stream = None  # read before the check, used only after it
+    handler.cpu_tensors = handler.gpu_tensors = []
+    with pytest.raises(AssertionError):
+        handler.transfer_async(1, (CPULoadStoreSpec([8, 9]), GPULoadStoreSpec([17, 18, 19])))
+
+
 def test_engine_zeroed_loads_change_outputs(model_dir: Path, baseline: Run) -> None:
     """The comparison above can fail: overwrite what the tier loads with
     zeros before vLLM computes with it, and A's output is no longer A's."""
