@@ -92,10 +92,10 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
 
     Accepted jobs: stores from a ``"GPU"`` spec to a ``"CPU"`` spec and the
     reverse loads, specs read by ``medium()`` and ``block_ids`` (vLLM's own
-    spec classes work like kvoffload's), with ``N`` GPU blocks and ``M`` CPU blocks where
-    ``0 <= M*factor - N < factor``: the missing sub-blocks are skipped at the
-    start of the first CPU block on either side (vLLM's rule for stores; for
-    loads it fixes vLLM defect 7). A
+    spec classes work like kvoffload's), with ``N`` GPU blocks and ``M`` CPU
+    blocks where ``0 <= M*factor - N < factor``: the missing sub-blocks are
+    skipped at the start of the first CPU block on either side (vLLM's rule
+    for stores; for loads it fixes vLLM defect 7). A
     :class:`~kvoffload.transfer.block_map.PartialCPULoadStoreSpec` says
     exactly which sub-blocks of its first and last block take part, so a job
     may also end inside a CPU block. Malformed jobs (other spec types, counts

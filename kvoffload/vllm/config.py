@@ -18,14 +18,14 @@ from kvoffload.spec import OffloadingConfig, _positive_int
 SPEC_NAME = "KVOffloadSpec"
 SPEC_MODULE_PATH = "kvoffload.vllm"
 
-#: Every key the spec reads, with what it means.
-EXTRA_CONFIG_KEYS: dict[str, str] = {
-    "spec_name": f"{SPEC_NAME!r} (vLLM picks the spec by it)",
-    "spec_module_path": f"{SPEC_MODULE_PATH!r}",
-    "num_cpu_blocks": "CPU tier size in offloaded blocks, a positive integer (required)",
-    "block_size": "tokens per offloaded block, a multiple of vLLM's block size (default: it)",
-    "eviction_policy": "eviction policy at start (default 'lru')",
-}
+#: Every key the spec reads (docs/vllm.md says what each means).
+EXTRA_CONFIG_KEYS = (
+    "spec_name",
+    "spec_module_path",
+    "num_cpu_blocks",
+    "block_size",
+    "eviction_policy",
+)
 
 
 def offloading_config(

@@ -39,9 +39,8 @@ _listeners: tuple[TransferListener, ...] = ()
 
 
 def _alive(refs: list[weakref.ref[_T]]) -> list[_T]:
-    out = [obj for ref in refs if (obj := ref()) is not None]
-    refs[:] = [weakref.ref(obj) for obj in out]
-    return out
+    refs[:] = [ref for ref in refs if ref() is not None]
+    return [obj for ref in refs if (obj := ref()) is not None]
 
 
 def add_manager(manager: PolicyOffloadingManager) -> None:

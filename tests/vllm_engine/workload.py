@@ -96,7 +96,7 @@ def kvoffload_extra(**extra: Any) -> dict[str, Any]:
     return {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm", **extra}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Step:
     """One prompt's ``generate`` and what kvoffload did meanwhile."""
 
@@ -107,9 +107,8 @@ class Step:
     #: deltas of the live manager's counters (0 without offloading)
     hit_blocks: int = 0
     load_blocks: int = 0
-    evicted_blocks: int = 0
     #: (direction, GPU blocks, bytes, ok) of the jobs the handler finished
-    transfers: tuple[tuple[str, int, int, bool], ...] = ()
+    transfers: list[tuple[str, int, int, bool]] = field(default_factory=list)
 
     def transferred(self, direction: str) -> int:
         assert all(ok for *_, ok in self.transfers), self.transfers
@@ -161,7 +160,7 @@ def run_workload(
         # ids the tokenizer knows too: vLLM refuses prompts with others
         vocab = min(llm.llm_engine.model_config.get_vocab_size(), len(llm.get_tokenizer()))
         for name, token_ids in workload(vocab):
-            before = manager.stats().counters if manager else None
+            before = manager.stats().counters if manager is not None else None
             seen = len(records)
             (out,) = llm.generate(
                 [TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False
@@ -169,17 +168,9 @@ def run_workload(
             step = Step(name, tuple(out.outputs[0].token_ids), int(out.num_cached_tokens))
             if manager is not None and before is not None:
                 after = manager.stats().counters
-                step = Step(
-                    name,
-                    step.output,
-                    step.cached_tokens,
-                    hit_blocks=after.hit_blocks - before.hit_blocks,
-                    load_blocks=after.load_blocks - before.load_blocks,
-                    evicted_blocks=sum(after.evictions.values()) - sum(before.evictions.values()),
-                    transfers=tuple(
-                        (r.direction, r.blocks, r.nbytes, r.ok) for r in records[seen:]
-                    ),
-                )
+                step.hit_blocks = after.hit_blocks - before.hit_blocks
+                step.load_blocks = after.load_blocks - before.load_blocks
+                step.transfers = [(r.direction, r.blocks, r.nbytes, r.ok) for r in records[seen:]]
             run.steps[name] = step
         if manager is not None and handler is not None:
             run.stats = manager.stats()
