@@ -25,6 +25,8 @@ from kvoffload.transfer.worker import OffloadingHandler
 if TYPE_CHECKING:
     import torch
 
+    from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_SPEC_NAME = "CPUOffloadingSpec"
@@ -152,7 +154,7 @@ class CPUOffloadingSpec(OffloadingSpec):
         self.num_cpu_blocks = self.config.num_cpu_blocks
         self.eviction_policy = self.config.eviction_policy
         self._manager: PolicyOffloadingManager | None = None
-        self._handler: OffloadingHandler | None = None
+        self._handler: CpuGpuOffloadingHandler | None = None
 
     def get_manager(self) -> PolicyOffloadingManager:
         if self._manager is None:
@@ -167,9 +169,10 @@ class CPUOffloadingSpec(OffloadingSpec):
             )
         return self._manager
 
-    def get_handlers(
+    def get_handler(
         self, kv_caches: dict[str, torch.Tensor], attn_backends: Mapping[str, Any] | None = None
-    ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], OffloadingHandler]]:
+    ) -> CpuGpuOffloadingHandler:
+        """The one handler of both directions, built on the first call."""
         if self._handler is None:
             from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 
@@ -180,8 +183,14 @@ class CPUOffloadingSpec(OffloadingSpec):
                 num_cpu_blocks=self.num_cpu_blocks,
                 attn_backends=attn_backends,
             )
-        yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler
-        yield CPULoadStoreSpec, GPULoadStoreSpec, self._handler
+        return self._handler
+
+    def get_handlers(
+        self, kv_caches: dict[str, torch.Tensor], attn_backends: Mapping[str, Any] | None = None
+    ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], OffloadingHandler]]:
+        handler = self.get_handler(kv_caches, attn_backends)
+        yield GPULoadStoreSpec, CPULoadStoreSpec, handler
+        yield CPULoadStoreSpec, GPULoadStoreSpec, handler
 
 
 __all__ = [

@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import TransferError
-from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.mediums import CPULoadStoreSpec
 
 logger = logging.getLogger(__name__)
 
@@ -379,6 +379,22 @@ def _cpu_skip(spec: LoadStoreSpec) -> tuple[int, int] | None:
     return None
 
 
+def _class_name(spec: object) -> str:
+    cls = type(spec)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _medium(spec: object) -> str | None:
+    medium = getattr(spec, "medium", None)
+    if not callable(medium):
+        return None
+    try:
+        value = medium()
+    except Exception:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def plan_transfer(
     spec: tuple[LoadStoreSpec, LoadStoreSpec],
     factor: int,
@@ -388,17 +404,29 @@ def plan_transfer(
 ) -> TransferPlan:
     """Validate a ``(src, dst)`` spec pair and plan its rows.
 
-    ``(GPULoadStoreSpec, CPULoadStoreSpec)`` is a store, the reverse a load;
-    anything else raises :class:`~kvoffload.errors.TransferError`, as does
-    every condition :func:`plan_copy` refuses. CPU rows index the mirror whose
-    block dimension is ``num_cpu_blocks * factor``.
+    Specs are read by their ``medium()`` and ``block_ids``, not by class, so
+    vLLM's own ``GPULoadStoreSpec`` / ``CPULoadStoreSpec`` (which its
+    connector builds) work like kvoffload's. ``"GPU" -> "CPU"`` is a store,
+    the reverse a load; any other pair raises
+    :class:`~kvoffload.errors.TransferError` naming both classes with their
+    modules, as does every condition :func:`plan_copy` refuses. CPU rows
+    index the mirror whose block dimension is ``num_cpu_blocks * factor``.
     """
     src, dst = spec
-    if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
+    media = (_medium(src), _medium(dst))
+    src_ids: Any = getattr(src, "block_ids", None)
+    dst_ids: Any = getattr(dst, "block_ids", None)
+    if media not in (("GPU", "CPU"), ("CPU", "GPU")) or src_ids is None or dst_ids is None:
+        raise TransferError(
+            f"unsupported spec pair {_class_name(src)} (medium {media[0]!r}) -> "
+            f"{_class_name(dst)} (medium {media[1]!r}); expected specs with block_ids "
+            "whose medium() is 'GPU' -> 'CPU' (store) or 'CPU' -> 'GPU' (load)"
+        )
+    if media == ("GPU", "CPU"):
         plan = plan_copy(
-            src.block_ids,
+            src_ids,
             1,
-            dst.block_ids,
+            dst_ids,
             factor,
             src_skip=(0, 0),
             dst_skip=_cpu_skip(dst),
@@ -406,22 +434,17 @@ def plan_transfer(
             dst_num_blocks=num_cpu_blocks,
         )
         return TransferPlan("store", plan)
-    if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
-        plan = plan_copy(
-            src.block_ids,
-            factor,
-            dst.block_ids,
-            1,
-            src_skip=_cpu_skip(src),
-            dst_skip=(0, 0),
-            src_num_blocks=num_cpu_blocks,
-            dst_num_blocks=num_gpu_blocks,
-        )
-        return TransferPlan("load", plan)
-    raise TransferError(
-        f"unsupported spec pair {type(src).__name__} -> {type(dst).__name__}; "
-        "expected GPULoadStoreSpec -> CPULoadStoreSpec (store) or the reverse (load)"
+    plan = plan_copy(
+        src_ids,
+        factor,
+        dst_ids,
+        1,
+        src_skip=_cpu_skip(src),
+        dst_skip=(0, 0),
+        src_num_blocks=num_cpu_blocks,
+        dst_num_blocks=num_gpu_blocks,
     )
+    return TransferPlan("load", plan)
 
 
 def admit_job(

@@ -2,7 +2,7 @@
 
 The handler owns a CPU mirror of every layer's KV tensor whose block dimension
 is ``num_cpu_blocks * factor`` rows (``factor = cpu_block_size /
-gpu_block_size``). A store (``GPULoadStoreSpec -> CPULoadStoreSpec``) copies GPU
+gpu_block_size``). A store (a ``"GPU"`` spec -> a ``"CPU"`` spec) copies GPU
 blocks into mirror rows, a load the reverse; which rows pair up is decided by
 :func:`kvoffload.transfer.block_map.plan_transfer`, shared with the in-memory
 fake.
@@ -90,11 +90,12 @@ class _Job:
 class CpuGpuOffloadingHandler(OffloadingHandler):
     """Copies KV blocks between per-layer device tensors and a CPU mirror.
 
-    Accepted jobs: ``(GPULoadStoreSpec, CPULoadStoreSpec)`` stores and the
-    reverse loads, with ``N`` GPU blocks and ``M`` CPU blocks where
-    ``0 <= M*factor - N < factor``: the missing sub-blocks are skipped at the
-    start of the first CPU block on either side (vLLM's rule for stores; for
-    loads it fixes vLLM defect 7). A
+    Accepted jobs: stores from a ``"GPU"`` spec to a ``"CPU"`` spec and the
+    reverse loads, specs read by ``medium()`` and ``block_ids`` (vLLM's own
+    spec classes work like kvoffload's), with ``N`` GPU blocks and ``M`` CPU
+    blocks where ``0 <= M*factor - N < factor``: the missing sub-blocks are
+    skipped at the start of the first CPU block on either side (vLLM's rule
+    for stores; for loads it fixes vLLM defect 7). A
     :class:`~kvoffload.transfer.block_map.PartialCPULoadStoreSpec` says
     exactly which sub-blocks of its first and last block take part, so a job
     may also end inside a CPU block. Malformed jobs (other spec types, counts

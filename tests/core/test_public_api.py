@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,8 +11,9 @@ import sys
 import pytest
 
 import kvoffload
+import kvoffload.vllm
 
-HEAVY = ("torch", "fastapi", "prometheus_client", "opentelemetry", "starlette", "uvicorn")
+HEAVY = ("torch", "vllm", "fastapi", "prometheus_client", "opentelemetry", "starlette", "uvicorn")
 
 
 def _run(code: str) -> dict[str, object]:
@@ -123,6 +125,27 @@ def test_public_api_cpu_gpu_handler_loads_lazily() -> None:
         "    'handler': issubclass(cls, kvoffload.OffloadingHandler)}))"
     )
     assert result == {"before": False, "after": True, "same": True, "handler": True}
+
+
+def test_public_api_vllm_adapter_loads_vllm_only_for_its_spec() -> None:
+    result = _run(
+        "import json, sys\n"
+        "import kvoffload.vllm\n"
+        "from kvoffload.vllm import ReportingHandler, live_managers, offloading_config\n"
+        f"heavy = {HEAVY!r}\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "try:\n"
+        "    kvoffload.vllm.KVOffloadSpec\n"
+        "    error = None\n"
+        "except ImportError as exc:\n"
+        "    error = str(exc)\n"
+        "print(json.dumps({'loaded': loaded, 'error': error}))"
+    )
+    assert result["loaded"] == []
+    if importlib.util.find_spec("vllm") is None:  # the main venv: no vLLM
+        assert "kvoffload.vllm.KVOffloadSpec needs vLLM 0.11.2 installed" in str(result["error"])
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = kvoffload.vllm.Nope
 
 
 def _table_choice(env: dict[str, str], block_c: bool) -> dict[str, object]:

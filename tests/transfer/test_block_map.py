@@ -308,3 +308,59 @@ def test_plan_copy_does_not_alias_read_only_spec_arrays() -> None:
     plan = plan_copy(ids, 1, np.arange(4, 8), 1)
     assert plan.src.flags.writeable
     assert not np.shares_memory(plan.src, ids)
+
+
+class ForeignBlockIDsSpec:
+    """Shaped like vLLM 0.11.2's ``BlockIDsLoadStoreSpec``: a plain
+    ``block_ids`` array and a static ``medium()``, no kvoffload base class."""
+
+    def __init__(self, block_ids: list[int]) -> None:
+        self.block_ids = np.array(block_ids, dtype=np.int64)
+
+
+class ForeignGPUSpec(ForeignBlockIDsSpec):
+    @staticmethod
+    def medium() -> str:
+        return "GPU"
+
+
+class ForeignCPUSpec(ForeignBlockIDsSpec):
+    @staticmethod
+    def medium() -> str:
+        return "CPU"
+
+
+def test_plan_transfer_reads_any_spec_by_medium_and_block_ids() -> None:
+    ours = plan_transfer((GPULoadStoreSpec([3, 5, 6]), CPULoadStoreSpec([1, 2])), 2)
+    theirs = plan_transfer((ForeignGPUSpec([3, 5, 6]), ForeignCPUSpec([1, 2])), 2)  # type: ignore[arg-type]
+    mixed = plan_transfer((ForeignGPUSpec([3, 5, 6]), CPULoadStoreSpec([1, 2])), 2)  # type: ignore[arg-type]
+    for plan in (theirs, mixed):
+        assert plan.direction == ours.direction == "store"
+        assert plan.copy.src.tolist() == ours.copy.src.tolist()
+        assert plan.copy.dst.tolist() == ours.copy.dst.tolist()
+    load = plan_transfer((CPULoadStoreSpec([4]), ForeignGPUSpec([7, 1])), 2)  # type: ignore[arg-type]
+    assert load.direction == "load"
+    assert (load.copy.src.tolist(), load.copy.dst.tolist()) == ([8, 9], [7, 1])
+
+
+def test_plan_transfer_refusal_names_both_classes_with_modules() -> None:
+    here = __name__
+    with pytest.raises(TransferError) as info:
+        plan_transfer((ForeignCPUSpec([0]), CPULoadStoreSpec([1])), 1)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert f"{here}.ForeignCPUSpec (medium 'CPU')" in message
+    assert "kvoffload.mediums.CPULoadStoreSpec (medium 'CPU')" in message
+    assert "'GPU' -> 'CPU' (store) or 'CPU' -> 'GPU' (load)" in message
+
+
+def test_plan_transfer_refuses_specs_without_medium_or_block_ids() -> None:
+    with pytest.raises(TransferError, match=rf"{__name__}.ForeignBlockIDsSpec \(medium None\)"):
+        plan_transfer((ForeignBlockIDsSpec([0]), CPULoadStoreSpec([1])), 1)  # type: ignore[arg-type]
+
+    class NoIds:
+        @staticmethod
+        def medium() -> str:
+            return "GPU"
+
+    with pytest.raises(TransferError, match=r"NoIds \(medium 'GPU'\) -> kvoffload"):
+        plan_transfer((NoIds(), CPULoadStoreSpec([1])), 1)  # type: ignore[arg-type]

@@ -123,3 +123,25 @@ def test_resolve_layouts_rejects_empty_and_zero_blocks() -> None:
 def test_block_dim() -> None:
     assert block_dim("blocks_first") == 0
     assert block_dim("kv_first") == 1
+
+
+class CPUAttnLike:
+    """(2, num_blocks, heads, block_size, head_size), like vLLM 0.11.2's CPU
+    attention (``TorchSDPABackend``)."""
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+
+def test_resolve_layouts_vllm_cpu_cache_needs_its_attention_backend() -> None:
+    # 64 blocks of 2 KV heads x 32 tokens x head size 32: read as 2 blocks
+    # of (64, 2, 32, 32) just as well, so the shapes alone cannot decide
+    shapes = {"l0": (2, 64, 2, 32, 32), "l1": (2, 64, 2, 32, 32)}
+    with pytest.raises(ConfigError, match="ambiguous KV layout"):
+        resolve_layouts(shapes)
+    layouts, n = resolve_layouts(shapes, attn_backends=dict.fromkeys(shapes, CPUAttnLike()))
+    assert layouts == {"l0": "kv_first", "l1": "kv_first"}
+    assert n == 64

@@ -1,0 +1,93 @@
+"""``kv_connector_extra_config`` of :class:`~kvoffload.vllm.KVOffloadSpec`.
+
+Checked before vLLM's own ``OffloadingSpec.__init__`` runs (which would fail
+with a bare ``assert`` on a block size that does not divide), and all at once:
+every problem of the dict is named in one :class:`~kvoffload.errors.ConfigError`
+together with what is allowed. No vLLM import here, so it is tested without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvoffload.errors import ConfigError, PolicyError
+from kvoffload.policies import available_policies, policy_class
+from kvoffload.spec import OffloadingConfig, _positive_int
+
+SPEC_NAME = "KVOffloadSpec"
+SPEC_MODULE_PATH = "kvoffload.vllm"
+
+#: Every key the spec reads (docs/vllm.md says what each means).
+EXTRA_CONFIG_KEYS = (
+    "spec_name",
+    "spec_module_path",
+    "num_cpu_blocks",
+    "block_size",
+    "eviction_policy",
+)
+
+
+def offloading_config(
+    extra: Mapping[str, Any], gpu_block_size: int, *, enable_events: bool = False
+) -> OffloadingConfig:
+    """The :class:`~kvoffload.spec.OffloadingConfig` an extra config asks for.
+
+    ``gpu_block_size`` is vLLM's ``cache_config.block_size``. Raises one
+    :class:`~kvoffload.errors.ConfigError` listing every problem: unknown
+    keys (with the valid ones), ``num_cpu_blocks`` missing or not a positive
+    integer, ``block_size`` not a positive multiple of ``gpu_block_size``, an
+    unknown ``eviction_policy`` (with the registered ones).
+    """
+    problems: list[str] = []
+    unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
+    if unknown:
+        problems.append(
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(valid keys: {', '.join(EXTRA_CONFIG_KEYS)})"
+        )
+
+    num_cpu_blocks = 0
+    if "num_cpu_blocks" not in extra:
+        problems.append("num_cpu_blocks is required: the CPU tier size in offloaded blocks")
+    else:
+        try:
+            num_cpu_blocks = _positive_int("num_cpu_blocks", extra["num_cpu_blocks"])
+        except ConfigError as exc:
+            problems.append(str(exc))
+
+    block_size = gpu_block_size
+    if "block_size" in extra:
+        multiples = ", ".join(str(gpu_block_size * k) for k in (1, 2, 4))
+        try:
+            block_size = _positive_int("block_size", extra["block_size"])
+        except ConfigError:
+            block_size = 0
+        if block_size <= 0 or block_size % gpu_block_size:
+            problems.append(
+                f"block_size {extra['block_size']!r} is not a positive multiple of vLLM's "
+                f"block size {gpu_block_size} (cache_config.block_size): use e.g. {multiples}"
+            )
+
+    policy = extra.get("eviction_policy", "lru")
+    try:
+        policy_class(policy)
+    except (PolicyError, TypeError):  # TypeError: not even hashable
+        problems.append(
+            f"eviction_policy {policy!r} is unknown (registered policies: "
+            f"{', '.join(available_policies())})"
+        )
+
+    if problems:
+        raise ConfigError(
+            f"kv_connector_extra_config for {SPEC_MODULE_PATH}.{SPEC_NAME}: " + "; ".join(problems)
+        )
+    return OffloadingConfig(
+        gpu_block_size=gpu_block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        offloaded_block_size=block_size,
+        eviction_policy=str(policy),
+        enable_events=enable_events,
+        spec_name=SPEC_NAME,
+        spec_module_path=SPEC_MODULE_PATH,
+    )

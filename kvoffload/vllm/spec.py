@@ -1,0 +1,97 @@
+"""vLLM's ``OffloadingSpec`` around kvoffload's manager and handler.
+
+This module imports vLLM (0.11.2); vLLM loads it through
+``kvoffload.vllm.KVOffloadSpec`` when its ``OffloadingConnector`` is
+configured with ``spec_module_path="kvoffload.vllm"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from vllm.config import get_layers_from_vllm_config
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.kv_offload.spec import OffloadingSpec
+
+from kvoffload.abstract import LoadStoreSpec
+from kvoffload.errors import ConfigError
+from kvoffload.manager import PolicyOffloadingManager
+from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.spec import CPUOffloadingSpec
+from kvoffload.vllm import live
+from kvoffload.vllm.config import offloading_config
+from kvoffload.vllm.handler import ReportingHandler
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["KVOffloadSpec"]
+
+
+def attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, Any]:
+    """Each KV cache layer's attention backend, as vLLM's own ``cpu.py``
+    finds it: the layer objects of the model, asked for their backend."""
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+    missing = [name for name in layer_names if name not in layers]
+    if missing:
+        raise ConfigError(
+            f"KV cache layers {missing} are not attention layers of the model, so their "
+            "KV layout is unknown"
+        )
+    return {name: layers[name].get_attn_backend() for name in layer_names}
+
+
+class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped here
+    """Offload vLLM's KV cache to kvoffload's CPU tier.
+
+    The scheduler side gets a
+    :class:`~kvoffload.manager.PolicyOffloadingManager` (any registered
+    policy, vLLM's defects fixed), the worker side one
+    :class:`~kvoffload.vllm.handler.ReportingHandler` over
+    :class:`~kvoffload.transfer.CpuGpuOffloadingHandler` for both
+    directions: CUDA streams when vLLM's KV cache is on CUDA, synchronous
+    copies when it is in CPU memory (vLLM's CPU platform). Both register in
+    :mod:`kvoffload.vllm.live`.
+
+    Raises :class:`~kvoffload.errors.ConfigError` on a bad extra config
+    (see :func:`~kvoffload.vllm.config.offloading_config`).
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        ktc = vllm_config.kv_transfer_config
+        if ktc is None:
+            raise ConfigError("KVOffloadSpec needs vllm_config.kv_transfer_config")
+        events = vllm_config.kv_events_config
+        #: kvoffload's typed view of the extra config, checked before vLLM's
+        #: base class asserts on it
+        self.offloading_config = offloading_config(
+            ktc.kv_connector_extra_config or {},
+            vllm_config.cache_config.block_size,
+            enable_events=bool(events is not None and events.enable_kv_cache_events),
+        )
+        super().__init__(vllm_config)
+        self.kvoffload_spec = CPUOffloadingSpec(self.offloading_config)
+        self._manager: PolicyOffloadingManager | None = None
+        self._handler: ReportingHandler | None = None
+
+    def get_manager(self) -> PolicyOffloadingManager:
+        """The scheduler side's manager, built once."""
+        if self._manager is None:
+            self._manager = self.kvoffload_spec.get_manager()
+            live.add_manager(self._manager)
+        return self._manager
+
+    def get_handlers(
+        self, kv_caches: dict[str, torch.Tensor]
+    ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], ReportingHandler]]:
+        """One handler for GPU->CPU and CPU->GPU, its layout learnt from the
+        attention backends (vLLM's CPU cache is ``(2, num_blocks, ...)``,
+        which a shape alone cannot tell from blocks-first)."""
+        if self._handler is None:
+            backends = attention_backends(self.vllm_config, list(kv_caches))
+            inner = self.kvoffload_spec.get_handler(kv_caches, backends)
+            self._handler = ReportingHandler(inner)
+            live.add_handler(self._handler)
+        yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler
+        yield CPULoadStoreSpec, GPULoadStoreSpec, self._handler

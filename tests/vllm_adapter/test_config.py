@@ -1,0 +1,81 @@
+"""The extra config of kvoffload.vllm.KVOffloadSpec: checked before vLLM's
+base class sees it, every problem named at once with what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvoffload import ConfigError, available_policies
+from kvoffload.vllm import EXTRA_CONFIG_KEYS, offloading_config
+
+BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm"}
+
+
+def test_offloading_config_reads_every_key() -> None:
+    cfg = offloading_config(
+        {**BASE, "num_cpu_blocks": 128, "block_size": 64, "eviction_policy": "kvarc"},
+        32,
+        enable_events=True,
+    )
+    assert (cfg.gpu_block_size, cfg.block_size, cfg.num_cpu_blocks) == (32, 64, 128)
+    assert (cfg.eviction_policy, cfg.enable_events) == ("kvarc", True)
+    assert (cfg.spec_name, cfg.spec_module_path) == ("KVOffloadSpec", "kvoffload.vllm")
+
+
+def test_offloading_config_defaults_follow_vllm() -> None:
+    cfg = offloading_config({**BASE, "num_cpu_blocks": 8}, 16)
+    assert (cfg.block_size, cfg.eviction_policy, cfg.enable_events) == (16, "lru", False)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({}, "num_cpu_blocks is required"),
+        ({"num_cpu_blocks": 0}, "num_cpu_blocks must be a positive integer, got 0"),
+        ({"num_cpu_blocks": -4}, "num_cpu_blocks must be a positive integer, got -4"),
+        ({"num_cpu_blocks": True}, "num_cpu_blocks must be a positive integer, got True"),
+        ({"num_cpu_blocks": 2.5}, "num_cpu_blocks must be a positive integer, got 2.5"),
+        ({"num_cpu_blocks": "many"}, "num_cpu_blocks must be a positive integer, got 'many'"),
+        (
+            {"num_cpu_blocks": 8, "block_size": 48},
+            "block_size 48 is not a positive multiple of vLLM's block size 32 "
+            "(cache_config.block_size): use e.g. 32, 64, 128",
+        ),
+        ({"num_cpu_blocks": 8, "block_size": 0}, "block_size 0 is not a positive multiple"),
+        ({"num_cpu_blocks": 8, "block_size": "big"}, "block_size 'big' is not a positive"),
+        (
+            {"num_cpu_blocks": 8, "eviction_policy": "mru"},
+            f"eviction_policy 'mru' is unknown (registered policies: {', '.join(available_policies())})",
+        ),
+        ({"num_cpu_blocks": 8, "eviction_policy": ["lru"]}, "eviction_policy ['lru'] is unknown"),
+        (
+            {"num_cpu_blocks": 8, "admin_prot": 9000},
+            f"unknown key 'admin_prot' (valid keys: {', '.join(EXTRA_CONFIG_KEYS)})",
+        ),
+    ],
+)
+def test_offloading_config_names_the_problem_and_the_choices(
+    extra: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        offloading_config({**BASE, **extra}, 32)
+    assert str(info.value).startswith(
+        "kv_connector_extra_config for kvoffload.vllm.KVOffloadSpec: "
+    )
+    assert message in str(info.value)
+
+
+def test_offloading_config_reports_every_problem_in_one_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        offloading_config(
+            {"num_cpu_blocks": 0, "block_size": 40, "eviction_policy": "fifo", "x": 1}, 16
+        )
+    problems = str(info.value).split(": ", 1)[1].split("; ")
+    assert [p.split()[0] for p in problems] == [
+        "unknown",
+        "num_cpu_blocks",
+        "block_size",
+        "eviction_policy",
+    ]

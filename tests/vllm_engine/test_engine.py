@@ -1,0 +1,179 @@
+"""kvoffload's tier inside a real vLLM 0.11.2 engine, on vLLM's CPU platform."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvoffload import ConfigError, available_policies
+from kvoffload.transfer.layout import resolve_layouts
+
+from .workload import (
+    GPU_BLOCK_SIZE,
+    NUM_GPU_BLOCKS,
+    PREFIX_TOKENS,
+    Run,
+    kvoffload_extra,
+    make_llm,
+    midblock_prompts,
+    run_workload,
+)
+
+Offloaded = Callable[..., Run]
+BIG_TIER = 256  # offloaded blocks: everything the workload stores fits
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_engine_outputs_identical_with_and_without_the_tier(
+    policy: str, baseline: Run, offloaded: Offloaded
+) -> None:
+    run = offloaded(num_cpu_blocks=BIG_TIER, eviction_policy=policy)
+    assert run.stats.policy == policy
+    assert run.outputs() == baseline.outputs()
+    # greedy outputs that differ between prompts, so equality says something
+    assert len(set(baseline.outputs().values())) == 6  # a and a_again agree
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_engine_prefix_pushed_out_of_gpu_comes_back_from_the_tier(
+    policy: str, baseline: Run, offloaded: Offloaded
+) -> None:
+    # without the tier, vLLM lost the prefix: four prompts of 20 blocks
+    # each went through its 64-block cache after A
+    assert baseline.steps["a_again"].cached_tokens == 0
+    run = offloaded(num_cpu_blocks=BIG_TIER, eviction_policy=policy)
+    step = run.steps["a_again"]
+    assert step.cached_tokens == PREFIX_TOKENS
+    blocks = PREFIX_TOKENS // GPU_BLOCK_SIZE
+    # vLLM's count, the manager's and the handler's agree on the blocks
+    assert step.hit_blocks == step.load_blocks == blocks
+    assert step.transferred("load") == blocks
+    assert {(n, b) for d, n, b, _ in step.transfers if d == "load"} == {
+        (blocks, blocks * run.gpu_block_bytes)
+    }
+    assert run.stats.counters.evictions == {k: 0 for k in run.stats.counters.evictions}
+    # P went in before A came back (vLLM stores a request's blocks as its
+    # steps complete them, so some land during the next prompt's generate)
+    before = ("a", "x1", "x2", "x3", "x4")
+    assert sum(run.steps[n].transferred("store") for n in before) >= blocks
+    assert sum(run.steps[n].load_blocks for n in before) == 0
+
+
+def test_engine_handler_layout_comes_from_vllm_attention_backends(offloaded: Offloaded) -> None:
+    run = offloaded(num_cpu_blocks=BIG_TIER, eviction_policy="lru")
+    assert set(run.layouts.values()) == {"kv_first"}
+    assert run.num_gpu_blocks == NUM_GPU_BLOCKS
+    # vLLM's CPU cache shape alone reads two ways (64 blocks K/V-split, or 2
+    # blocks): without the backends the handler could not tell
+    with pytest.raises(ConfigError, match="ambiguous KV layout"):
+        resolve_layouts(run.shapes)
+
+
+def test_engine_small_tier_evicts_and_keeps_outputs(baseline: Run, offloaded: Offloaded) -> None:
+    # 48 offloaded blocks of 64 tokens (2 of vLLM's blocks each) against
+    # 50 stored by the workload before A comes back: A's tail goes first
+    run = offloaded(num_cpu_blocks=48, block_size=64, eviction_policy="lru")
+    assert run.outputs() == baseline.outputs()
+    step = run.steps["a_again"]
+    assert run.stats.counters.evictions["lru"] > 0
+    assert 0 < step.cached_tokens < PREFIX_TOKENS
+    assert step.cached_tokens % 64 == 0
+    assert step.load_blocks == step.hit_blocks == step.cached_tokens // 64
+    assert step.transferred("load") == step.cached_tokens // GPU_BLOCK_SIZE
+    assert run.stats.used <= 48
+
+
+def test_engine_gpu_hit_ending_inside_an_offloaded_block_defect7(
+    model_dir: Path, baseline: Run
+) -> None:
+    """vLLM keeps 17 of A's 32-token blocks, the tier holds 64-token blocks:
+    the load starts in the middle of offloaded block 8 (its first half is
+    on the GPU already), which vLLM 0.11.2's own handler asserts on."""
+    run = run_workload(
+        model_dir,
+        kvoffload_extra(num_cpu_blocks=BIG_TIER, block_size=64),
+        workload=midblock_prompts,
+    )
+    step = run.steps["a_again"]
+    assert step.cached_tokens == PREFIX_TOKENS  # 17 blocks from vLLM's cache, 3 loaded
+    assert step.load_blocks == 2  # offloaded blocks 8 and 9 ...
+    assert step.transferred("load") == 3  # ... of which 3 GPU blocks, not 4
+    assert step.output == run.steps["a"].output == baseline.steps["a"].output
+
+
+def test_vllm_own_handler_asserts_on_that_load_defect7() -> None:
+    """The load above (2 offloaded blocks of 2 sub-blocks into 3 GPU blocks)
+    given to vLLM 0.11.2's own handler: it checks the counts before touching
+    CUDA, so this runs without a GPU (its constructor would not; skipped)."""
+    from vllm.v1.kv_offload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+    from vllm.v1.kv_offload.worker.cpu_gpu import CpuGpuOffloadingHandler
+
+    handler = object.__new__(CpuGpuOffloadingHandler)
+    handler.block_size_factor = 2
+    handler.h2d_stream = None  # read before the check, used only after it
+    handler.cpu_tensors = handler.gpu_tensors = []
+    with pytest.raises(AssertionError):
+        handler.transfer_async(1, (CPULoadStoreSpec([8, 9]), GPULoadStoreSpec([17, 18, 19])))
+
+
+def test_engine_zeroed_loads_change_outputs(model_dir: Path, baseline: Run) -> None:
+    """The comparison above can fail: overwrite what the tier loads with
+    zeros before vLLM computes with it, and A's output is no longer A's."""
+    run = run_workload(
+        model_dir,
+        kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="lru"),
+        zero_loaded_kv=True,
+    )
+    assert run.steps["a_again"].cached_tokens == PREFIX_TOKENS  # loaded, then zeroed
+    assert run.steps["a_again"].output != baseline.steps["a_again"].output
+    assert run.steps["a"].output == baseline.steps["a"].output  # before any load
+
+
+def test_engine_bad_extra_config_fails_engine_start_naming_choices(model_dir: Path) -> None:
+    extra = kvoffload_extra(num_cpu_blocks=0, block_size=48, eviction_policy="mru")
+    with pytest.raises(ConfigError) as info:
+        make_llm(model_dir, extra)
+    message = str(info.value)
+    assert "num_cpu_blocks must be a positive integer, got 0" in message
+    assert "block_size 48 is not a positive multiple of vLLM's block size 32" in message
+    assert f"(registered policies: {', '.join(available_policies())})" in message
+
+
+def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
+    model_dir: Path,
+) -> None:
+    """Why the spec has its own name: vLLM looks ``CPUOffloadingSpec`` up in
+    its registry before spec_module_path, and its spec refuses this platform."""
+    extra = {
+        "spec_name": "CPUOffloadingSpec",
+        "spec_module_path": "kvoffload.spec",
+        "num_cpu_blocks": 8,
+    }
+    with pytest.raises(Exception, match="only supported on CUDA-alike GPUs"):
+        make_llm(model_dir, extra)
+
+
+def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path: Path) -> None:
+    """With vLLM's engine core in a child process (its default outside
+    tests) the spec is loaded there and the tier serves the prefix."""
+    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    script = Path(__file__).with_name("workload.py")
+    result = tmp_path / "steps.json"
+    out = subprocess.run(
+        [sys.executable, str(script), str(model_dir), json.dumps(extra), str(result)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = json.loads(result.read_text())
+    assert {n: tuple(s["output"]) for n, s in steps.items()} == baseline.outputs()
+    assert steps["a_again"]["cached_tokens"] == PREFIX_TOKENS
