@@ -1,7 +1,8 @@
-"""When the workload's requests arrive: the next one, and how long until it is due.
+"""When the workload's requests arrive, and the queue of those waiting.
 
-The engine asks between steps; a request is taken once it is due (at once
-when the engine runs as fast as possible). Pacing is
+:class:`Arrivals` says when the next request is due (at once when the engine
+runs as fast as possible); :class:`WaitingQueue` holds the requests that have
+arrived and are not served yet, which the engine hints to its manager. Pacing is
 :class:`~kvoffload.runtime.workloads.Pacer`'s: ``speed`` trace seconds per
 wall-clock second, anchored at the first request looked at.
 """
@@ -9,11 +10,12 @@ wall-clock second, anchored at the first request looked at.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from kvoffload.runtime.workloads import Pacer, Request, Workload
 
-__all__ = ["Arrivals"]
+__all__ = ["Arrivals", "WaitingQueue"]
 
 
 class Arrivals:
@@ -47,4 +49,73 @@ class Arrivals:
         """Remove and return the next request (due or not)."""
         r = self.peek()
         self._next = None
+        return r
+
+
+class WaitingQueue:
+    """Requests that have arrived but are not served yet, oldest first.
+
+    :meth:`admit` moves every request that is due into the queue, up to
+    ``capacity`` waiting at once (at full speed every request is due, so the
+    queue fills to ``capacity``: the next ``capacity`` requests are known);
+    :meth:`take` hands out the oldest. ``on_arrival(request)`` is told of each
+    request as it joins, ``on_departure(request)`` as it leaves, in queue
+    order: the engine hints the manager with them.
+    """
+
+    def __init__(
+        self,
+        arrivals: Arrivals,
+        capacity: int,
+        *,
+        on_arrival: Callable[[Request], object] | None = None,
+        on_departure: Callable[[Request], object] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.arrivals = arrivals
+        self.capacity = capacity
+        self._waiting: deque[Request] = deque()
+        self._on_arrival = on_arrival
+        self._on_departure = on_departure
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._waiting)
+
+    def admit(self, *, at_least_one: bool = False) -> int:
+        """Move the due requests in (while there is room); how many joined.
+        With ``at_least_one``, an empty queue takes the next request even if
+        it is not due yet (a step run by hand does not wait for the clock)."""
+        joined = 0
+        arrivals = self.arrivals
+        while len(self._waiting) < self.capacity and arrivals.peek() is not None:
+            if arrivals.due_in() > 0 and not (at_least_one and not self._waiting):
+                break
+            r = arrivals.take()
+            assert r is not None
+            self._waiting.append(r)
+            joined += 1
+            if self._on_arrival is not None:
+                self._on_arrival(r)
+        return joined
+
+    def due_in(self) -> float:
+        """0.0 while a request waits (or none will come), else seconds until
+        the next arrival."""
+        return 0.0 if self._waiting else self.arrivals.due_in()
+
+    def exhausted(self) -> bool:
+        """Nothing waits and the workload has no request left."""
+        return not self._waiting and self.arrivals.peek() is None
+
+    def take(self) -> Request | None:
+        """Remove and return the oldest waiting request (``None`` if none)."""
+        if not self._waiting:
+            return None
+        r = self._waiting.popleft()
+        if self._on_departure is not None:
+            self._on_departure(r)
         return r

@@ -38,6 +38,9 @@ class EngineConfig:
     device: str = "auto"
     #: requests scheduled per engine step
     max_requests_per_step: int = 4
+    #: requests that may wait, arrived but not served (at full speed: the
+    #: next requests of the workload); at least ``max_requests_per_step``
+    max_waiting_requests: int = 64
     event_log_capacity: int = 10_000
     #: trace seconds per wall second (None = as fast as possible)
     speed: float | None = None
@@ -53,6 +56,7 @@ class EngineConfig:
             "gpu_block_size",
             "offloaded_block_size",
             "max_requests_per_step",
+            "max_waiting_requests",
             "event_log_capacity",
         ):
             v = getattr(self, name)
@@ -70,6 +74,12 @@ class EngineConfig:
                 f"num_gpu_blocks ({self.num_gpu_blocks}) must hold one offloaded block "
                 f"({self.block_factor} GPU blocks); raise num_gpu_blocks or lower "
                 "offloaded_block_size"
+            )
+        if self.max_waiting_requests < self.max_requests_per_step:
+            raise ConfigError(
+                f"max_waiting_requests ({self.max_waiting_requests}) must be at least "
+                f"max_requests_per_step ({self.max_requests_per_step}): a step serves "
+                "waiting requests only"
             )
         if self.speed is not None and not self.speed > 0:
             raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")

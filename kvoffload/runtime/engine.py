@@ -1,7 +1,8 @@
 """The serving loop: drives an offloading manager and the swap handler step by step.
 
-Each step takes the requests that are due (:mod:`~kvoffload.runtime.arrivals`),
-up to ``max_requests_per_step``, and serves each one's blocks in the order
+Requests that have arrived wait in a queue
+(:mod:`~kvoffload.runtime.arrivals`, at most ``max_waiting_requests``); each
+step takes the oldest, up to ``max_requests_per_step``, and serves each one's blocks in the order
 vLLM's offloading connector uses (:mod:`~kvoffload.runtime.scheduling`);
 finished transfer jobs are completed between requests
 (:mod:`~kvoffload.runtime.jobs`). Every loaded block is verified byte for byte.
@@ -28,7 +29,7 @@ from kvoffload.event_log import EventLog
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.policies import available_policies, policy_class
-from kvoffload.runtime.arrivals import Arrivals
+from kvoffload.runtime.arrivals import Arrivals, WaitingQueue
 from kvoffload.runtime.commands import (
     Command,
     CommandResult,
@@ -126,7 +127,7 @@ class Engine:
         self._scheduler = RequestScheduler(
             config, self.kv, self.manager, self._jobs, self._c, workload.trace_block_size
         )
-        self._arrivals = Arrivals(workload, config.speed)
+        self._queue = WaitingQueue(Arrivals(workload, config.speed), config.max_waiting_requests)
         self._state: EngineState = "created"
         self._policy_version = 1
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -216,7 +217,7 @@ class Engine:
             self._apply_commands(block=False)
             if self._state == "paused":
                 break
-            wait = self._arrivals.due_in()
+            wait = self._queue.due_in()
             if wait > 0:
                 # commands sent meanwhile (a pause) take effect before the step
                 self._apply_commands(block=True, timeout=wait)
@@ -311,7 +312,7 @@ class Engine:
                 self._apply_commands(block=False)
                 if self._state != "running" or self._stop_requested:
                     continue
-                wait = self._arrivals.due_in()
+                wait = self._queue.due_in()
                 if wait > 0:
                     self._apply_commands(block=True, timeout=min(wait, 0.5))
                     continue
@@ -349,15 +350,16 @@ class Engine:
 
     def step(self) -> bool:
         """Take one engine step; ``False`` when the workload is exhausted."""
-        arrivals = self._arrivals
+        waiting = self._queue
+        waiting.admit(at_least_one=True)
         batch: list[Request] = []
         while len(batch) < self.config.max_requests_per_step:
-            if batch and arrivals.due_in() > 0:
-                break
-            r = arrivals.take()
+            r = waiting.take()
             if r is None:
                 break
             batch.append(r)
+        # arrived meanwhile: waiting when the next step looks ahead
+        waiting.admit()
         if not batch:
             return False
         c = self._c
