@@ -80,7 +80,7 @@ def test_a_step_by_hand_takes_the_next_request_before_it_is_due() -> None:
 def test_capacity_and_config_bounds() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         WaitingQueue(Arrivals(Listed(0), None), 0)
-    with pytest.raises(ConfigError, match="max_waiting_requests .* max_requests_per_step"):
+    with pytest.raises(ConfigError, match=r"max_waiting_requests .* max_requests_per_step"):
         EngineConfig(max_requests_per_step=8, max_waiting_requests=4)
     with pytest.raises(ConfigError, match="max_waiting_requests must be a positive"):
         EngineConfig(max_waiting_requests=0)
