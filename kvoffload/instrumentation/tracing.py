@@ -98,6 +98,8 @@ EvictionLogs = Literal["sampled", "all", "off"]
 # Hooks may pass monotonic (perf_counter) nanoseconds; OTel wants epoch ns.
 # Anything below this (~1973 as epoch ns) is taken as monotonic.
 _EPOCH_NS_FLOOR = 10**17
+#: steps whose span context a late request may still be parented to
+_RECENT_STEPS = 64
 
 
 class TracingObserver(EngineObserver):
@@ -142,6 +144,10 @@ class TracingObserver(EngineObserver):
         self._step_ctx: Context | None = None
         self._step_recording = False
         self._step_start_ns = 0
+        self._step_number = 0
+        #: (recording?, context) of the last steps, for requests whose load
+        #: finishes in a later step than the one that served them
+        self._recent_steps: dict[int, tuple[bool, Context | None]] = {}
         self._mono_offset_ns = time.time_ns() - time.perf_counter_ns()
         if event_log is not None:
             self.watch_event_log(event_log)
@@ -166,12 +172,17 @@ class TracingObserver(EngineObserver):
         )
         self._step_span = span
         self._step_start_ns = start_ns
+        self._step_number = step
         self._step_recording = span.is_recording()
         if self._step_recording:
             span.set_attribute(Attr.STEP, step)
             self._step_ctx = trace.set_span_in_context(span)
         else:
             self._step_ctx = None
+        recent = self._recent_steps
+        recent[step] = (self._step_recording, self._step_ctx)
+        if len(recent) > _RECENT_STEPS:
+            del recent[next(iter(recent))]
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
         if self._event_log is not None and self._logging:
@@ -221,12 +232,17 @@ class TracingObserver(EngineObserver):
     def request_finished(self, record: RequestRecord) -> None:
         if not self._tracing:
             return
-        create, parent = self._child_context()
+        # The engine reports a request once all of it is known: at once, or
+        # when the load of its CPU hits finished, possibly in a later step.
+        # Its span is a child of the step that served it, while that step's
+        # context is remembered, and covers scheduling .. completion.
+        if record.step == self._step_number or record.step not in self._recent_steps:
+            create, parent = self._child_context()
+        else:
+            create, parent = self._recent_steps[record.step]
         if not create:
             return
-        # The engine reports a request once it is served; it was served
-        # within the current step, so the span covers step start .. now.
-        start = self._epoch_ns(self._step_start_ns) if self._step_span is not None else None
+        start = self._epoch_ns(record.started_ns) if record.started_ns else None
         span = self._tracer.start_span(
             "kvoffload.request", context=parent, kind=SpanKind.INTERNAL, start_time=start
         )
@@ -242,7 +258,7 @@ class TracingObserver(EngineObserver):
                     Attr.REQUEST_COMPUTED_TOKENS: record.computed_tokens,
                 }
             )
-        span.end()
+        span.end(end_time=self._epoch_ns(record.finished_ns) if record.finished_ns else None)
 
     # -- log records ----------------------------------------------------------
 

@@ -39,7 +39,7 @@ from kvoffload.runtime.commands import (
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.jobs import TransferJobs
 from kvoffload.runtime.kv_store import GPUKVStore
-from kvoffload.runtime.observer import EngineObserver, TransferRecord
+from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
 from kvoffload.runtime.scheduling import RequestScheduler
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.runtime.workloads import Request, Workload
@@ -123,9 +123,22 @@ class Engine:
         self.worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, handler)
         self.worker.register_handler(CPULoadStoreSpec, GPULoadStoreSpec, handler)
         self._c = RuntimeStats()
-        self._jobs = TransferJobs(self.worker, self.manager, self.kv, self._c, self._job_finished)
+        self._jobs = TransferJobs(
+            self.worker,
+            self.manager,
+            self.kv,
+            self._c,
+            self._job_finished,
+            self._request_finished,
+        )
         self._scheduler = RequestScheduler(
-            config, self.kv, self.manager, self._jobs, self._c, workload.trace_block_size
+            config,
+            self.kv,
+            self.manager,
+            self._jobs,
+            self._c,
+            workload.trace_block_size,
+            self._request_finished,
         )
         self._queue = WaitingQueue(Arrivals(workload, config.speed), config.max_waiting_requests)
         self._state: EngineState = "created"
@@ -371,9 +384,7 @@ class Engine:
         evictions_before = scheduler.evictions
         self._jobs.collect()
         for r in batch:
-            record = scheduler.serve(r, step)
-            for obs in self.observers:
-                self._notify(obs.request_finished, record)
+            scheduler.serve(r, step)
         self._jobs.collect()
         end = time.perf_counter_ns()
         c.steps = step
@@ -391,6 +402,10 @@ class Engine:
     def _job_finished(self, record: TransferRecord) -> None:
         for obs in self.observers:
             self._notify(obs.transfer_finished, record)
+
+    def _request_finished(self, record: RequestRecord) -> None:
+        for obs in self.observers:
+            self._notify(obs.request_finished, record)
 
     # -- snapshots -----------------------------------------------------------
 

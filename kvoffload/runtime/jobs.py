@@ -14,12 +14,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvoffload.abstract import BlockHash
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.runtime.kv_store import GPUKVStore
-from kvoffload.runtime.observer import Direction, TransferRecord
+from kvoffload.runtime.observer import Direction, RequestRecord, TransferRecord
 from kvoffload.runtime.snapshot import RuntimeStats
 from kvoffload.transfer.worker import OffloadingWorker, TransferSpec
 
@@ -37,13 +37,16 @@ class _Job:
     #: GPU-block hashes of ``gpu_ids`` (for verification and recompute)
     gpu_hashes: list[BlockHash]
     submitted_ns: int
+    #: a load's request, reported once the load finished
+    request: RequestRecord | None
 
 
 class TransferJobs:
     """The engine's jobs in flight through ``worker`` (engine thread only).
 
     ``counters`` are the engine's, updated as jobs are submitted and finish;
-    ``on_finished`` is told about every finished job.
+    ``on_finished`` is told about every finished job, ``on_request`` about the
+    request of every finished load.
     """
 
     def __init__(
@@ -53,12 +56,14 @@ class TransferJobs:
         kv: GPUKVStore,
         counters: RuntimeStats,
         on_finished: Callable[[TransferRecord], None],
+        on_request: Callable[[RequestRecord], None],
     ) -> None:
         self.worker = worker
         self.manager = manager
         self.kv = kv
         self.counters = counters
         self.on_finished = on_finished
+        self.on_request = on_request
         self._jobs: dict[int, _Job] = {}
         self._job_ids = itertools.count(1)
 
@@ -72,10 +77,12 @@ class TransferJobs:
         hashes: list[BlockHash],
         gpu_ids: list[int],
         gpu_hashes: list[BlockHash],
+        request: RequestRecord | None = None,
     ) -> None:
-        """Start a job; one the worker refuses is finished as failed at once."""
+        """Start a job (a load names its ``request``); one the worker refuses
+        is finished as failed at once."""
         job_id = next(self._job_ids)
-        job = _Job(direction, hashes, gpu_ids, gpu_hashes, time.perf_counter_ns())
+        job = _Job(direction, hashes, gpu_ids, gpu_hashes, time.perf_counter_ns(), request)
         if direction == "store":
             self.counters.store_jobs += 1
         else:
@@ -139,8 +146,15 @@ class TransferJobs:
             kv.unpin(job.gpu_ids)
         if not ok:
             c.failed_jobs += 1
+        now = time.perf_counter_ns()
         self.on_finished(
-            TransferRecord(
-                job_id, job.direction, n, nbytes, job.submitted_ns, time.perf_counter_ns(), ok
-            )
+            TransferRecord(job_id, job.direction, n, nbytes, job.submitted_ns, now, ok)
         )
+        request = job.request
+        if request is not None:
+            if not ok:  # its loaded tokens were computed after all
+                tokens = request.cpu_hit_tokens
+                request = replace(
+                    request, cpu_hit_tokens=0, computed_tokens=request.computed_tokens + tokens
+                )
+            self.on_request(replace(request, finished_ns=now))

@@ -33,14 +33,24 @@ class TransferRecord:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """A request the engine finished, with where its prompt's KV came from."""
+    """A request the engine finished, with where its prompt's KV came from.
+
+    Reported once all of it is known: a request whose prefix is loaded from
+    the CPU tier is reported when its load job finishes, and a failed load's
+    tokens count as computed (they were), never as CPU hits.
+    """
 
     request_id: int
+    #: the step that served it
     step: int
     prompt_tokens: int
     gpu_hit_tokens: int
     cpu_hit_tokens: int
     computed_tokens: int
+    #: ``time.perf_counter_ns()`` when it was scheduled and when it was finished
+    #: (0 when unknown)
+    started_ns: int = 0
+    finished_ns: int = 0
 
 
 class EngineObserver:

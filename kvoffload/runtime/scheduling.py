@@ -9,6 +9,10 @@ Finished jobs are completed by :class:`~kvoffload.runtime.jobs.TransferJobs`.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
 from kvoffload.abstract import BlockHash
 from kvoffload.errors import ConfigError
 from kvoffload.manager import PolicyOffloadingManager
@@ -25,7 +29,9 @@ __all__ = ["RequestScheduler"]
 
 class RequestScheduler:
     """Serves requests through ``kv`` (the GPU tier) and ``manager`` (the CPU
-    tier), submitting their transfers to ``jobs`` (engine thread only)."""
+    tier), submitting their transfers to ``jobs`` (engine thread only).
+    ``on_finished`` is told about each request once all of it is known: at
+    once, or when the load of its CPU hits finishes."""
 
     def __init__(
         self,
@@ -35,6 +41,7 @@ class RequestScheduler:
         jobs: TransferJobs,
         counters: RuntimeStats,
         trace_block_size: int,
+        on_finished: Callable[[RequestRecord], None],
     ) -> None:
         self.config = config
         self.kv = kv
@@ -42,12 +49,13 @@ class RequestScheduler:
         self.jobs = jobs
         self.counters = counters
         self.trace_block_size = trace_block_size
+        self.on_finished = on_finished
         #: offloaded blocks evicted by the stores of the requests served so far
         self.evictions = 0
 
-    def serve(self, r: Request, step: int) -> RequestRecord:
-        """Schedule ``r``'s blocks; the record says where its prompt's KV came
-        from as far as is known now (loads in flight count once they finish)."""
+    def serve(self, r: Request, step: int) -> None:
+        """Schedule ``r``'s blocks."""
+        started_ns = time.perf_counter_ns()
         cfg = self.config
         kv = self.kv
         m = self.manager
@@ -85,6 +93,9 @@ class RequestScheduler:
         load_end = (first_off + cpu_hits) * k  # GPU blocks covered after loading
         loaded = max(0, load_end - g)
         load_ids: list[int] = []
+        record = RequestRecord(
+            r.request_id, step, n * bs, g * bs, loaded * bs, (n - g - loaded) * bs, started_ns
+        )
         if loaded:
             load_hashes = offloaded[first_off : first_off + cpu_hits]
             cpu_spec = m.prepare_load(load_hashes)
@@ -97,6 +108,7 @@ class RequestScheduler:
                 load_hashes,
                 load_ids,
                 gpu_hashes[g:load_end],
+                request=record,
             )
         else:
             load_end = g
@@ -135,4 +147,5 @@ class RequestScheduler:
         # or as computed if it failed), so no counter ever goes down; until
         # then the three outcomes sum to less than prompt_tokens.
         c.computed_tokens += (n - g - loaded) * bs
-        return RequestRecord(r.request_id, step, n * bs, g * bs, loaded * bs, (n - g - loaded) * bs)
+        if not loaded:
+            self.on_finished(replace(record, finished_ns=time.perf_counter_ns()))

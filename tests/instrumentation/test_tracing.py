@@ -45,7 +45,7 @@ def _one_step(obs: TracingObserver, step: int = 1) -> tuple[int, int]:
     obs.step_started(step, t0)
     obs.transfer_finished(TransferRecord(7, "store", 4, 65536, t0 - 3 * MS, t0 + 1 * MS, True))
     obs.transfer_finished(TransferRecord(8, "load", 2, 32768, t0, t0 + 2 * MS, False))
-    obs.request_finished(RequestRecord(42, step, 256, 64, 128, 64))
+    obs.request_finished(RequestRecord(42, step, 256, 64, 128, 64, t0 + 1 * MS, t0 + 3 * MS))
     obs.blocks_evicted(step, 5, "arc")
     t1 = t0 + 5 * MS
     obs.step_finished(step, t0, t1, requests=1)
@@ -96,7 +96,10 @@ def test_tracing_spans_names_attributes_and_parents(otel: OTel) -> None:
         "kvoffload.request.cpu_hit_tokens": 128,
         "kvoffload.request.computed_tokens": 64,
     }
-    assert req.start_time == step.start_time
+    # from scheduling to completion (its load included)
+    assert req.start_time is not None and step.start_time is not None
+    assert req.end_time is not None
+    assert (req.start_time - step.start_time, req.end_time - step.start_time) == (MS, 3 * MS)
 
     for child in (store, load, req):
         assert child.parent is not None
@@ -299,3 +302,23 @@ def test_tracing_with_the_real_engine(otel: OTel) -> None:
     events = [rec.log_record.event_name for rec in otel.logs.get_finished_logs()]
     assert events.count("kvoffload.policy_switch") == 1
     assert snap.manager.counters.evictions and "kvoffload.eviction" in events
+
+
+def test_tracing_request_whose_load_finished_later_is_a_child_of_its_step(otel: OTel) -> None:
+    # issue 18: the request is reported when its load finished, a step later;
+    # its span still belongs to the step that served it
+    obs = TracingObserver(otel.tracer_provider, otel.logger_provider)
+    t0 = time.perf_counter_ns()
+    obs.step_started(1, t0)
+    obs.step_finished(1, t0, t0 + MS, requests=1)
+    obs.step_started(2, t0 + 2 * MS)
+    obs.request_finished(RequestRecord(9, 1, 128, 0, 0, 128, t0, t0 + 2 * MS))
+    obs.step_finished(2, t0 + 2 * MS, t0 + 3 * MS, requests=0)
+    spans = otel.spans.get_finished_spans()
+    steps = {
+        dict(s.attributes or {})["kvoffload.step"]: s for s in _by_name(spans, "kvoffload.step")
+    }
+    (req,) = _by_name(spans, "kvoffload.request")
+    assert req.parent is not None and steps[1].context is not None
+    assert req.parent.span_id == steps[1].context.span_id
+    assert req.attributes is not None and req.attributes["kvoffload.request.computed_tokens"] == 128
