@@ -5,7 +5,7 @@ The service's metrics live in one ``prometheus_client`` registry (scraped at
 ``/metrics``). For backends that take OTLP instead, :class:`OTelMetricsBridge`
 creates one observable instrument per catalogue entry on a ``MeterProvider``
 the caller passes; at each export the instruments read the registry (once per
-collection, however many instruments ask), so both paths report the same
+export, however many instruments ask), so both paths report the same
 numbers from the same snapshots and nothing runs on the engine's hot path.
 
 Counters become observable counters named without ``_total`` (OTLP-to-
@@ -17,7 +17,6 @@ observable histogram, so a histogram is exported as its ``_count`` and
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -41,13 +40,13 @@ class OTelMetricsBridge:
         self,
         meter_provider: MeterProvider,
         registry: CollectorRegistry,
-        *,
-        max_age_s: float = 1.0,
     ) -> None:
         self._registry = registry
-        self._max_age_s = max_age_s
         self._lock = threading.Lock()
-        self._cached: tuple[float, _Samples] | None = None
+        self._cached: _Samples | None = None
+        #: samples handed out from ``_cached`` (a name asked again means a
+        #: new collection has begun)
+        self._served: set[str] = set()
         meter = meter_provider.get_meter("kvoffload", __version__)
         #: OTel instrument name -> exposition sample name it reports
         self.instruments: dict[str, str] = {}
@@ -70,22 +69,31 @@ class OTelMetricsBridge:
             name, callbacks=[self._callback(sample)], description=help_text
         )
 
-    def samples(self) -> _Samples:
-        """Every sample of the registry by name, read at most once per
-        ``max_age_s`` (one export asks once per instrument)."""
-        now = time.monotonic()
+    def samples(self, sample: str | None = None) -> _Samples:
+        """Every sample of the registry by name, read once per collection.
+
+        An export asks each instrument's callback once; the first callback
+        of a collection finds its own sample name already served from the
+        last read and reads the registry again, the others reuse that read.
+        So one export costs one read, and none reports numbers from before
+        it began (the final export at shutdown included). ``sample=None``
+        always reads afresh.
+        """
         with self._lock:
-            if self._cached is not None and now - self._cached[0] < self._max_age_s:
-                return self._cached[1]
-            out: _Samples = defaultdict(list)
-            for family in self._registry.collect():
-                for s in family.samples:
-                    out[s.name].append((s.labels, s.value))
-            self._cached = (now, out)
-            return out
+            if self._cached is None or sample is None or sample in self._served:
+                out: _Samples = defaultdict(list)
+                for family in self._registry.collect():
+                    for s in family.samples:
+                        out[s.name].append((s.labels, s.value))
+                self._cached = out
+                self._served = set()
+            if sample is not None:
+                self._served.add(sample)
+            return self._cached
 
     def _callback(self, sample: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(value, labels) for labels, value in self.samples().get(sample, ())]
+            samples = self.samples(sample).get(sample, ())
+            return [Observation(value, labels) for labels, value in samples]
 
         return observe

@@ -73,8 +73,26 @@ def test_bridge_reads_the_registry_once_per_export() -> None:
     KVOffloadCollector(snapshot, registry=registry)
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    OTelMetricsBridge(provider, registry, max_age_s=60.0)
+    OTelMetricsBridge(provider, registry)
     before = calls
     reader.get_metrics_data()
     assert calls == before + 1  # ~40 instruments, one collection
+    reader.get_metrics_data()
+    assert calls == before + 2
+    provider.shutdown()
+
+
+def test_each_export_reports_the_values_of_its_own_moment() -> None:
+    # issue 18: the bridge reused a read for a second, so the export at
+    # shutdown could report a running engine that had stopped
+    manager = make_manager(capacity=8)
+    registry = CollectorRegistry()
+    KVOffloadCollector(manager.stats, registry=registry)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    OTelMetricsBridge(provider, registry)
+    for n in range(1, 4):
+        manager.lookup([b"x"])
+        (lookups,) = _points(reader)["kvoffload_lookups"]
+        assert lookups.value == n
     provider.shutdown()
