@@ -37,8 +37,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvoffload.abstract import BlockHash, LoadStoreSpec, OffloadingEvent, PrepareStoreOutput
-from kvoffload.abstract import OffloadingManager
+from kvoffload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
 from kvoffload.backend import BlockStatus
 from kvoffload.event_log import EventLog
 from kvoffload.manager import PolicyOffloadingManager
