@@ -30,7 +30,7 @@ from app.auth import require_read, uses
 from app.deps import reject_unknown_query_params
 from app.engine_setup import build_engine
 from app.errors import error_responses, install_error_handlers
-from app.limits import BodyLimit
+from app.limits import RequestLimits
 from app.routers import cache, events, health, policy, runtime
 from app.settings import ENV_PREFIX, Settings
 from app.state import ServiceState
@@ -121,7 +121,7 @@ def build_app(
     app.state.service = service
     app.state.engine_factory = engine_factory or build_engine
     app.state.telemetry_factory = telemetry_factory or setup_telemetry
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestLimits, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     routers = [module.router for module in (cache, policy, events, runtime, health)]
     for router in routers:

@@ -1,7 +1,11 @@
-"""Limits a public service needs, below the routes: a cap on request bodies
-and a deadline for a request's line and headers.
+"""Limits a public service needs, below the routes: request paths routed as
+written, a cap on request bodies and a deadline for a request's line and
+headers.
 
-- :class:`BodyLimit` (ASGI middleware): a ``Content-Length`` above the cap is
+- :class:`RequestLimits` (ASGI middleware): a path that decodes to control
+  characters (``%00``, ``%0a``) names no route: 404 (Starlette's route
+  patterns end in ``$``, which matches before a final newline, so
+  ``/v1/cache%0a`` would reach ``/v1/cache``). A ``Content-Length`` above the cap is
   answered 413 before anything is read; a chunked body is counted as it is
   read and refused (413) once it passes the cap. An answer sent before the
   body was read to its end (a 401, a 404, a 413) closes the connection, so
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import h11
@@ -24,15 +29,18 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["BodyLimit", "header_timeout_protocol"]
+__all__ = ["RequestLimits", "header_timeout_protocol"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _too_large(limit: int) -> str:
     return f"the request body is larger than {limit} bytes, the most this service accepts"
 
 
-class BodyLimit:
-    """Refuse request bodies over ``max_bytes`` (413 ``payload_too_large``)."""
+class RequestLimits:
+    """404 for paths with control characters; 413 ``payload_too_large`` for
+    request bodies over ``max_bytes``."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -42,6 +50,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if _CONTROL.search(scope["path"]):
+            path = json.dumps(scope["path"])
+            await _answer(send, 404, "not_found", f"no route {path}; see /docs for the routes")
+            return
         length: int | None = None
         chunked = False
         for name, value in scope["headers"]:
@@ -50,7 +62,7 @@ class BodyLimit:
             elif name == b"transfer-encoding":
                 chunked = True
         if length is not None and length > self.max_bytes:
-            await _answer_413(send, self.max_bytes)
+            await _answer(send, 413, "payload_too_large", _too_large(self.max_bytes))
             return
         limit = self.max_bytes
         unread = chunked or bool(length)
@@ -75,14 +87,14 @@ class BodyLimit:
         await self.app(scope, counted_receive, closing_send)
 
 
-async def _answer_413(send: Send, limit: int) -> None:
-    body = json.dumps(
-        {"error": {"code": "payload_too_large", "message": _too_large(limit)}}
-    ).encode()
+async def _answer(send: Send, status: int, code: str, message: str) -> None:
+    """An error answer before the app has seen the request; the connection
+    closes after it (the body, if any, stays unread)."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
