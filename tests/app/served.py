@@ -96,7 +96,7 @@ def served(*flags: str, env: dict[str, str] | None = None) -> Iterator[Served]:
     stopped with SIGTERM (killed if it does not stop)."""
     port = free_port()
     tokens = {"KVOFFLOAD_ADMIN_TOKEN": TOKEN, "KVOFFLOAD_READ_TOKEN": READ_TOKEN}
-    log = tempfile.TemporaryFile("w+")
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in the finally below
     proc = serve(
         "--port", str(port), *SMALL_ENGINE_FLAGS, *flags, env={**tokens, **(env or {})}, log=log
     )

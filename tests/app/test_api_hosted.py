@@ -95,7 +95,7 @@ def test_a_command_to_an_idle_host_is_applied_at_once(
     hosted: tuple[HostedManager, AdminServer],
 ) -> None:
     # Nothing calls the manager: the switch must not wait for a next call.
-    target, server = hosted
+    _, server = hosted
     r = httpx.put(
         f"{server.url}/v1/policy", json={"policy": "kvarc"}, headers=ADMIN_HEADERS, timeout=5.0
     )
@@ -118,7 +118,7 @@ def test_the_host_feeds_transfer_records_to_the_servers_observer(
 
 def test_a_bad_address_is_a_startup_error() -> None:
     manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8))
-    with pytest.raises(StartupError, match="cannot listen on no-such-host.invalid"):
+    with pytest.raises(StartupError, match=r"cannot listen on no-such-host\.invalid"):
         start_admin_server(
             HostedManager(manager), small_settings(host="no-such-host.invalid", port=0)
         )

@@ -83,7 +83,7 @@ def make(capacity: int = 16) -> tuple[ExclusiveManager, HostedManager]:
 
 
 def test_verbs_delegate_and_the_snapshot_follows() -> None:
-    manager, hosted = make()
+    _, hosted = make()
     out = hosted.prepare_store(hashes(1, 2))
     assert out is not None and out.block_hashes_to_store == hashes(1, 2)
     hosted.complete_store(hashes(1, 2))
@@ -104,7 +104,7 @@ def test_verbs_delegate_and_the_snapshot_follows() -> None:
 
 
 def test_command_on_an_idle_host_is_applied_at_once() -> None:
-    manager, hosted = make()
+    _, hosted = make()
     result = hosted.switch_policy("arc").result(timeout=1)
     assert (result.policy, result.policy_version, result.kind) == ("arc", 2, "switch_policy")
     assert result.detail == {"from": "lru", "to": "arc"}
