@@ -40,10 +40,7 @@ from kvoffload.runtime.trace import TraceWorkload, load_mooncake_trace
 from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 
 TRACE = (
-    Path(__file__).resolve().parents[1]
-    / "data"
-    / "traces"
-    / "mooncake_conversation_trace.jsonl"
+    Path(__file__).resolve().parents[1] / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 )
 GPU_BLOCK = 128
 CPU_BLOCK = 512

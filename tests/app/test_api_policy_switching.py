@@ -11,9 +11,7 @@ from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
 from kvoffload.policies import available_policies
 from kvoffload.policies.kvarc import GHOST_FACTOR
 
-TRACE = str(
-    Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl"
-)
+TRACE = str(Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl")
 SWITCHES = 200
 #: switched to in turn, from the start policy lru: arc, kvarc, lru, arc...
 POLICIES = available_policies()
