@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
@@ -74,6 +76,8 @@ AfterSeq = Annotated[
         ge=0, le=MAX_SEQ, description="return records with seq > after_seq (0 = from the oldest)"
     ),
 ]
+#: a cursor the stream may start from (its absence means the live tail)
+_Cursor = Annotated[int, Field(ge=0, le=MAX_SEQ)]
 #: seconds a client is asked to wait when every stream slot is taken
 STREAMS_FULL_RETRY_AFTER = 5
 
@@ -155,11 +159,10 @@ async def stream_events(
     _: ReadAccess,
     service: ServiceDep,
     log: EventLogDep,
+    # SkipJsonSchema: "absent" is not a value a client can send as null
     after_seq: Annotated[
-        int | None,
+        _Cursor | SkipJsonSchema[None],
         Query(
-            ge=0,
-            le=MAX_SEQ,
             description="send records with seq > after_seq (default: from the live tail)",
         ),
     ] = None,
@@ -168,11 +171,9 @@ async def stream_events(
         Query(ge=1, le=MAX_SEQ, description="end the stream after this many records"),
     ] = MAX_SEQ,
     last_event_id: Annotated[
-        int | None,
+        _Cursor | SkipJsonSchema[None],
         Header(
             alias="Last-Event-ID",
-            ge=0,
-            le=MAX_SEQ,
             description="the seq of the last record received; resume after it",
         ),
     ] = None,

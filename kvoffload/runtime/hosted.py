@@ -47,7 +47,7 @@ from kvoffload.abstract import (
 from kvoffload.backend import BlockStatus
 from kvoffload.event_log import EventLog
 from kvoffload.manager import PolicyOffloadingManager
-from kvoffload.policies import available_policies, policy_class
+from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import (
     Command,
     CommandResult,
@@ -161,10 +161,6 @@ class HostedManager(OffloadingManager):
     def event_log(self) -> EventLog | None:
         """The wrapped manager's log (its reads and drains are thread-safe)."""
         return self.manager.event_log
-
-    @property
-    def available_policies(self) -> tuple[str, ...]:
-        return available_policies()
 
     @property
     def state(self) -> EngineState:
