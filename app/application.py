@@ -49,6 +49,7 @@ __all__ = [
     "EngineFactory",
     "TelemetryFactory",
     "build_app",
+    "log_access",
     "start_engine",
     "stop_engine",
     "wire",
