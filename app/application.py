@@ -1,33 +1,40 @@
-"""The FastAPI application: routers, error handlers, OpenAPI, and the lifespan
-that builds telemetry, the Prometheus registry, the observers and the engine.
+"""The FastAPI application: routers, error handlers, limits and OpenAPI, over a
+:class:`~app.state.ServiceState` (what it serves).
 
-Use :func:`app.main.create_app`; this module loads the web stack and the
-engine (torch), which ``kvoffload serve --help`` does not need.
+:func:`wire` builds that state for a target (an engine or a hosted manager):
+the Prometheus registry with kvoffload's collectors, and the admin tracer.
+:func:`build_app` serves a state given to it (the embedded server), or, with
+none given, builds and starts an engine of its own in the lifespan and stops
+it at shutdown (:func:`app.main.create_app`, for tests and
+``uvicorn --factory``).
+
+This module loads the web stack and, through the engine, torch, which
+``kvoffload serve --help`` does not need.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
-from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
-from opentelemetry.trace import NoOpTracer
+from opentelemetry.trace import NoOpTracer, TracerProvider
 from prometheus_client import CollectorRegistry
 
-from app.auth import require_read
+from app.auth import require_read, uses
 from app.deps import reject_unknown_query_params
 from app.engine_setup import build_engine
 from app.errors import error_responses, install_error_handlers
+from app.limits import RequestLimits
 from app.routers import cache, events, health, policy, runtime
 from app.settings import ENV_PREFIX, Settings
 from app.state import ServiceState
+from app.target import AdminTarget
 from app.telemetry import Telemetry, setup_telemetry
 from kvoffload._version import __version__
 from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
@@ -38,16 +45,27 @@ from kvoffload.instrumentation.prometheus import (
 )
 from kvoffload.runtime import Engine, EngineObserver
 
-__all__ = ["EngineFactory", "TelemetryFactory", "build_app"]
+__all__ = [
+    "EngineFactory",
+    "TelemetryFactory",
+    "build_app",
+    "log_access",
+    "start_engine",
+    "stop_engine",
+    "wire",
+]
 
 logger = logging.getLogger(__name__)
 
 #: builds the engine from the settings and the observers the app wires in
 EngineFactory = Callable[[Settings, Sequence[EngineObserver]], Engine]
+#: builds the telemetry providers (default: from the OTEL_* environment)
+TelemetryFactory = Callable[[], Telemetry]
 
 _DESCRIPTION = """\
-Admin API of a running kvoffload engine: inspect the cache (policy, occupancy,
-policy lists such as ARC's and kvarc's T1/T2/B1/B2, counters), switch the eviction policy live, pause/resume the engine,
+Admin API of a running kvoffload engine (or of a manager a host process drives):
+inspect the cache (policy, occupancy, policy lists such as ARC's and kvarc's
+T1/T2/B1/B2, counters), switch the eviction policy live, pause/resume the engine,
 reset the cache, and read, drain or tail the offloading event log.
 
 Every error answer is `{"error": {"code": ..., "message": ...}}`. Read routes take the
@@ -55,30 +73,56 @@ read token (or the admin token); state-changing routes take the admin token.
 """
 
 
-#: builds the telemetry providers (default: from the OTEL_* environment)
-TelemetryFactory = Callable[[], Telemetry]
+def wire(
+    target: AdminTarget,
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    prometheus: PrometheusObserver | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> ServiceState:
+    """What the routes of ``target`` read: ``registry`` (default: a new one)
+    with kvoffload's snapshot collector and ``prometheus`` (default: a new
+    observer; it must not be registered yet) registered on it, and a tracer
+    for admin actions from ``tracer_provider`` (none: no spans)."""
+    registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    prometheus = prometheus if prometheus is not None else PrometheusObserver()
+    registry.register(prometheus)
+    KVOffloadCollector(target.snapshot, registry=registry, config_info=config_labels(target.config))
+    tracer = (
+        tracer_provider.get_tracer("kvoffload.admin", __version__)
+        if tracer_provider is not None
+        else NoOpTracer()
+    )
+    return ServiceState(settings, target, registry, prometheus, tracer=tracer)
 
 
 def build_app(
     settings: Settings,
+    service: ServiceState | None = None,
+    *,
     engine_factory: EngineFactory | None = None,
     telemetry_factory: TelemetryFactory | None = None,
 ) -> FastAPI:
-    """See :func:`app.main.create_app`."""
+    """The application serving ``service``; with ``service=None`` its
+    lifespan builds one around an engine of its own (see
+    :func:`app.main.create_app`)."""
     app = FastAPI(
         title="kvoffload admin API",
         version=__version__,
         description=_DESCRIPTION,
-        lifespan=_lifespan,
+        lifespan=_owned_engine if service is None else None,
         dependencies=[Depends(reject_unknown_query_params)],
         # every route may reject a request (e.g. an unknown query parameter)
         responses=error_responses(422),
+        # a target is routed as written: /v1/cache/ is not /v1/cache
+        redirect_slashes=False,
     )
     app.state.settings = settings
+    app.state.service = service
     app.state.engine_factory = engine_factory or build_engine
     app.state.telemetry_factory = telemetry_factory or setup_telemetry
-    app.state.stopping = threading.Event()
-    app.state.service = None
+    app.add_middleware(RequestLimits, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     routers = [module.router for module in (cache, policy, events, runtime, health)]
     for router in routers:
@@ -90,64 +134,19 @@ def build_app(
     return app
 
 
-@asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
-    factory: EngineFactory = app.state.engine_factory
-    stopping: threading.Event = app.state.stopping
-    stopping.clear()
-    telemetry: Telemetry = app.state.telemetry_factory()
-    try:
-        registry = CollectorRegistry(auto_describe=True)
-        prometheus = PrometheusObserver(registry=registry)
-        tracing = telemetry.tracing_observer()
-        engine = factory(settings, (prometheus, tracing))
-        tracing.watch_event_log(engine.event_log)
-        KVOffloadCollector(
-            engine.snapshot, registry=registry, config_info=config_labels(engine.config)
-        )
-        if telemetry.meter_provider is not None:
-            app.state.otel_metrics = OTelMetricsBridge(telemetry.meter_provider, registry)
-        engine.start()
-    except Exception as exc:
-        logger.error("cannot start the engine: %s", exc)
-        telemetry.shutdown()
-        raise
-    tracer = (
-        telemetry.tracer_provider.get_tracer("kvoffload.admin", __version__)
-        if telemetry.tracer_provider is not None
-        else NoOpTracer()
-    )
-    app.state.service = ServiceState(settings, engine, registry, stopping=stopping, tracer=tracer)
-    _log_startup(settings, engine)
-    try:
-        yield
-    finally:
-        stopping.set()
-        logger.info("stopping the engine; in-flight transfer jobs finish first")
-        final = await asyncio.to_thread(engine.stop, settings.stop_timeout)
-        m = final.manager
-        if final.state == "stopped" and m.in_flight == 0:
-            logger.info(
-                "engine stopped at step %d after finishing in-flight jobs "
-                "(pinned %d, used %d of %d blocks)",
-                final.step,
-                m.pinned,
-                m.used,
-                m.capacity,
-            )
-        else:
-            logger.error(
-                "engine did not stop cleanly within %.1f s: state %s, %d blocks in flight",
-                settings.stop_timeout,
-                final.state,
-                m.in_flight,
-            )
-        telemetry.shutdown()
-        logger.info("telemetry flushed; shutdown complete")
+# --------------------------------------------------------------------------- an engine of its own
 
 
-def _log_startup(settings: Settings, engine: Engine) -> None:
+def start_engine(
+    settings: Settings, factory: EngineFactory, telemetry: Telemetry
+) -> tuple[Engine, PrometheusObserver]:
+    """Build the engine with its Prometheus and tracing observers and start
+    it; raises the library's error when the settings do not make an engine."""
+    prometheus = PrometheusObserver()
+    tracing = telemetry.tracing_observer()
+    engine = factory(settings, (prometheus, tracing))
+    tracing.watch_event_log(engine.event_log)
+    engine.start()
     logger.info(
         "engine running: policy %s, %d CPU blocks of %d tokens, workload: %s",
         settings.policy,
@@ -155,6 +154,34 @@ def _log_startup(settings: Settings, engine: Engine) -> None:
         settings.offloaded_block_size,
         engine.workload_description,
     )
+    return engine, prometheus
+
+
+def stop_engine(engine: Engine, settings: Settings) -> None:
+    """Stop ``engine`` (in-flight jobs finish first) and say how it ended."""
+    logger.info("stopping the engine; in-flight transfer jobs finish first")
+    final = engine.stop(settings.stop_timeout)
+    m = final.manager
+    if final.state == "stopped" and m.in_flight == 0:
+        logger.info(
+            "engine stopped at step %d after finishing in-flight jobs "
+            "(pinned %d, used %d of %d blocks)",
+            final.step,
+            m.pinned,
+            m.used,
+            m.capacity,
+        )
+    else:
+        logger.error(
+            "engine did not stop cleanly within %.1f s: state %s, %d blocks in flight",
+            settings.stop_timeout,
+            final.state,
+            m.in_flight,
+        )
+
+
+def log_access(settings: Settings, where: str) -> None:
+    """Say at start who may do what."""
     if settings.admin_token is None:
         logger.warning(
             "no admin token (%sADMIN_TOKEN) configured: state-changing routes are disabled "
@@ -165,18 +192,39 @@ def _log_startup(settings: Settings, engine: Engine) -> None:
     if settings.read_token is None:
         logger.info(
             "no read token (%sREAD_TOKEN) configured: read routes are open to anyone who "
-            "can reach %s:%d",
+            "can reach %s",
             ENV_PREFIX,
-            settings.host,
-            settings.port,
+            where,
         )
 
 
+@asynccontextmanager
+async def _owned_engine(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    telemetry: Telemetry = app.state.telemetry_factory()
+    try:
+        engine, prometheus = start_engine(settings, app.state.engine_factory, telemetry)
+    except Exception as exc:
+        logger.error("cannot start the engine: %s", exc)
+        telemetry.shutdown()
+        raise
+    service = wire(
+        engine, settings, prometheus=prometheus, tracer_provider=telemetry.tracer_provider
+    )
+    if telemetry.meter_provider is not None:
+        app.state.otel_metrics = OTelMetricsBridge(telemetry.meter_provider, service.registry)
+    app.state.service = service
+    log_access(settings, f"{settings.host}:{settings.port}")
+    try:
+        yield
+    finally:
+        service.stopping.set()
+        await asyncio.to_thread(stop_engine, engine, settings)
+        telemetry.shutdown()
+        logger.info("telemetry flushed; shutdown complete")
+
+
 # --------------------------------------------------------------------------- OpenAPI
-
-
-def _uses(dependant: Dependant, call: Callable[..., Any]) -> bool:
-    return dependant.call is call or any(_uses(d, call) for d in dependant.dependencies)
 
 
 def _install_openapi(app: FastAPI, settings: Settings, api_routes: Sequence[APIRoute]) -> None:
@@ -185,7 +233,7 @@ def _install_openapi(app: FastAPI, settings: Settings, api_routes: Sequence[APIR
     open_reads: set[tuple[str, str]] = set()
     if settings.read_token is None:
         for route in api_routes:
-            if _uses(route.dependant, require_read):
+            if uses(route.dependant, require_read):
                 open_reads.update((route.path, m.lower()) for m in route.methods or ())
 
     def openapi() -> dict[str, Any]:

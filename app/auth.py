@@ -9,21 +9,32 @@ Tokens are compared in constant time and never logged. 401 (with
 ``WWW-Authenticate: Bearer``) means "who are you?": no, malformed or unknown
 token. 403 means "I know you, but no": the read token on an admin route, or
 admin routes disabled.
+
+The decision is made from the headers alone, before the body is read or
+parsed: :class:`GuardedRoute` runs the check of the scope a route declares
+(``ReadAccess`` / ``AdminAccess``, i.e. :func:`require_read` /
+:func:`require_admin`) ahead of FastAPI's handler, which reads the body first.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import SecretStr
 
 from app.errors import ApiError
 from app.settings import ENV_PREFIX, Settings
 
-__all__ = ["bearer_scheme", "reads_allowed", "require_admin", "require_read"]
+__all__ = ["GuardedRoute", "bearer_scheme", "require_admin", "require_read", "uses"]
+
+#: request scope key: the scope was checked before the body was read
+_CHECKED = "kvoffload.auth_checked"
 
 #: declares the scheme in OpenAPI (the "Authorize" button of /docs); the
 #: checks below read the header themselves to tell missing from malformed.
@@ -75,23 +86,7 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-def reads_allowed(authorization: str | None, settings: Settings) -> bool:
-    """Whether a request with this ``Authorization`` header may read: the
-    yes/no of :func:`require_read` without its detailed 401 answers."""
-    if settings.read_token is None:
-        return True
-    if authorization is None:
-        return False
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
-        return False
-    is_read = _matches(token, settings.read_token)
-    is_admin = _matches(token, settings.admin_token)
-    return is_read or is_admin
-
-
-async def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+def check_read(request: Request) -> None:
     """Allow the read token or the admin token (or anyone, if reads are open)."""
     settings = _settings(request)
     if settings.read_token is None:
@@ -106,7 +101,7 @@ async def require_read(request: Request, _: Annotated[object, Depends(bearer_sch
         )
 
 
-async def require_admin(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+def check_admin(request: Request) -> None:
     """Allow the admin token only; 403 when admin routes are disabled."""
     settings = _settings(request)
     if settings.admin_token is None:
@@ -131,3 +126,45 @@ async def require_admin(request: Request, _: Annotated[object, Depends(bearer_sc
     raise _unauthorized(
         "invalid_token", "the bearer token is not valid for this service", "invalid_token"
     )
+
+
+async def require_read(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+    """The read scope (``ReadAccess``): checked by :class:`GuardedRoute`
+    before the body, or here on a route of another class."""
+    if not request.scope.get(_CHECKED):
+        check_read(request)
+
+
+async def require_admin(request: Request, _: Annotated[object, Depends(bearer_scheme)]) -> None:
+    """The admin scope (``AdminAccess``); see :func:`require_read`."""
+    if not request.scope.get(_CHECKED):
+        check_admin(request)
+
+
+def uses(dependant: Dependant, call: Callable[..., Any]) -> bool:
+    """Whether ``call`` is among the dependencies of ``dependant``."""
+    return dependant.call is call or any(uses(d, call) for d in dependant.dependencies)
+
+
+class GuardedRoute(APIRoute):
+    """A route that decides auth from the headers before FastAPI reads and
+    parses the body: an unauthenticated request gets 401/403, never 400/422
+    for its body, and its body is never read."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        check: Callable[[Request], None] | None = None
+        if uses(self.dependant, require_admin):
+            check = check_admin
+        elif uses(self.dependant, require_read):
+            check = check_read
+        if check is None:
+            return handler
+        guard = check
+
+        async def guarded(request: Request) -> Response:
+            guard(request)
+            request.scope[_CHECKED] = True
+            return await handler(request)
+
+        return guarded

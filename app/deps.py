@@ -4,8 +4,9 @@ Every dependency is ``async`` although none awaits: FastAPI runs plain
 functions in its threadpool, and a thread hop per dependency would cost more
 than the work (and contend for the GIL with the engine thread).
 
-``ReadAccess`` / ``AdminAccess`` guard a route; ``ServiceDep`` / ``EngineDep``
-hand it what the lifespan built.
+``ReadAccess`` / ``AdminAccess`` guard a route (checked before the body by
+:class:`~app.auth.GuardedRoute`); ``ServiceDep`` / ``EventLogDep`` hand it
+what the service serves.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from fastapi.routing import APIRoute
 
 from app.auth import require_admin, require_read
 from app.errors import ApiError
-from app.settings import Settings
 from app.state import ServiceState
-from kvoffload.runtime import Engine
+from kvoffload.event_log import EventLog
 
 __all__ = [
     "AdminAccess",
-    "EngineDep",
+    "EventLogDep",
     "ReadAccess",
     "ServiceDep",
-    "SettingsDep",
     "reject_unknown_query_params",
 ]
 
@@ -64,17 +63,18 @@ async def get_service(request: Request) -> ServiceState:
     return service
 
 
-async def get_engine(service: Annotated[ServiceState, Depends(get_service)]) -> Engine:
-    return service.engine
-
-
-async def get_settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+async def get_event_log(service: Annotated[ServiceState, Depends(get_service)]) -> EventLog:
+    log = service.target.event_log
+    if log is None:
+        raise ApiError(
+            409,
+            "events_disabled",
+            "this manager records no events (it was created with enable_events=False)",
+        )
+    return log
 
 
 ServiceDep = Annotated[ServiceState, Depends(get_service)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+EventLogDep = Annotated[EventLog, Depends(get_event_log)]
 ReadAccess = Annotated[None, Depends(require_read)]
 AdminAccess = Annotated[None, Depends(require_admin)]

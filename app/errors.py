@@ -1,9 +1,10 @@
 """One error shape for every failure: ``{"error": {"code": ..., "message": ...}}``.
 
 ``code`` is stable and meant for programs; ``message`` says what was wrong and
-what is allowed. Routes raise :class:`ApiError`; the handlers registered by
-:func:`install_error_handlers` turn it, FastAPI's validation errors, Starlette's
-HTTP errors and anything unexpected into that shape.
+what is allowed. Routes raise :class:`ApiError` or let the library's errors
+through; the handlers registered by :func:`install_error_handlers` turn those
+(:func:`library_error`), FastAPI's validation errors, Starlette's HTTP errors
+and anything unexpected into that shape.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.policy_name import UNKNOWN_POLICY
+from kvoffload.errors import KVOffloadError, PolicyError
+from kvoffload.policies import available_policies
+from kvoffload.runtime.commands import (
+    EngineStoppedError,
+    UnsupportedCommandError,
+    VersionConflictError,
+)
+
 __all__ = [
     "ApiError",
     "ErrorBody",
@@ -28,6 +38,7 @@ __all__ = [
     "ValidationIssue",
     "error_responses",
     "install_error_handlers",
+    "library_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +92,36 @@ class ApiError(Exception):
         self.extra = extra
 
 
+def library_error(exc: Exception) -> ApiError | None:
+    """The answer to an error of the library, ``None`` for one that is a bug here."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, PolicyError):
+        return unknown_policy(str(exc))
+    if isinstance(exc, VersionConflictError):
+        return ApiError(
+            409,
+            "version_conflict",
+            f"the policy version is {exc.current}, not the expected {exc.expected}; "
+            "GET /v1/policy and retry with the current version",
+            expected_version=exc.expected,
+            current_version=exc.current,
+        )
+    if isinstance(exc, UnsupportedCommandError):
+        return ApiError(409, "not_supported", str(exc))
+    if isinstance(exc, EngineStoppedError):
+        return ApiError(
+            503,
+            "engine_stopped",
+            f"the engine is not running, so it cannot apply commands ({exc})",
+        )
+    return None
+
+
+def unknown_policy(message: str) -> ApiError:
+    return ApiError(422, "unknown_policy", message, valid_policies=list(available_policies()))
+
+
 def error_json(
     status: int,
     code: str,
@@ -101,9 +142,10 @@ _DESCRIPTIONS: dict[int, str] = {
     401: "Missing, malformed or unknown bearer token",
     403: "The token lacks the scope, or the route is disabled",
     404: "No such resource",
-    409: "The policy version changed since it was read",
+    409: "The policy version changed since it was read, or the target does not support this",
+    413: "The request body is larger than the service accepts",
     422: "The request failed validation; `issues` or the message say which field and why",
-    503: "The engine is not running",
+    503: "The engine is not running, or too many event streams are open",
     504: "The engine did not apply the command in time",
 }
 
@@ -162,6 +204,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     issues = _issues(exc.errors())
     if any(i["type"] == "json_invalid" for i in issues):
         return _malformed_body(issues)
+    policy = next((i for i in issues if i["type"] == UNKNOWN_POLICY), None)
+    if policy is not None:
+        return await _api_error(request, unknown_policy(policy["msg"]))
     summary = "the request does not match the API schema"
     detail = "; ".join(_issue_text(i) for i in issues[:5])
     if len(issues) > 5:
@@ -212,8 +257,15 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+async def _library_error(request: Request, exc: Exception) -> JSONResponse:
+    error = library_error(exc)
+    if error is None:
+        return await _unexpected_error(request, exc)
+    return await _api_error(request, error)
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    logger.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_json(
         500,
         "internal_error",
@@ -223,6 +275,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(KVOffloadError, _library_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -3,8 +3,9 @@
 ``create_app(settings)`` returns a FastAPI application whose lifespan builds
 the telemetry providers, the Prometheus registry, the engine observers and the
 engine, and starts it; on shutdown it stops the engine (which finishes its
-in-flight transfer jobs) and then flushes telemetry. ``run(argv)`` parses the
-flags and serves it with uvicorn. Nothing is built at import time.
+in-flight transfer jobs) and then flushes telemetry (tests, ``uvicorn
+--factory``). ``run(argv)`` parses the flags and runs the engine with the
+embedded admin server (:mod:`app.server`). Nothing is built at import time.
 
 The web stack and the engine (torch) are imported when first needed, so that
 ``kvoffload serve --help`` and a settings error answer at once.
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["create_app", "run"]
 
-EXIT_OK = 0
-EXIT_STARTUP_FAILED = 1
 EXIT_USAGE = 2
 
 
@@ -50,7 +49,9 @@ def create_app(
     from app.application import build_app
 
     return build_app(
-        settings if settings is not None else Settings(), engine_factory, telemetry_factory
+        settings if settings is not None else Settings(),
+        engine_factory=engine_factory,
+        telemetry_factory=telemetry_factory,
     )
 
 
@@ -74,22 +75,6 @@ def run(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"kvoffload serve: error: {line}\n")
         return EXIT_USAGE
     _configure_logging(settings.log_level)
-    if settings.front_proxy and settings.uds is None:
-        # The engine's process checks the inputs (and says what is wrong)
-        # itself; the front imports neither the engine nor torch.
-        from app.server import serve_with_front
-
-        return serve_with_front(settings, sys.argv[1:] if argv is None else argv)
-    from app.engine_setup import preloaded_engine_factory
     from app.server import serve
-    from kvoffload.errors import KVOffloadError
 
-    try:
-        # Read the trace and check the engine shape now: a bad input is one
-        # line and status 2, not a traceback from inside the server.
-        factory = preloaded_engine_factory(settings)
-    except KVOffloadError as exc:
-        sys.stderr.write(f"kvoffload serve: error: {exc}\n")
-        return EXIT_USAGE
-    started = serve(create_app(settings, engine_factory=factory), settings)
-    return EXIT_OK if started else EXIT_STARTUP_FAILED
+    return serve(settings)

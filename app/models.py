@@ -7,12 +7,12 @@ is an error, not a silent no-op.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.policy_name import PolicyName
 from kvoffload.event_log import EventKind, EventLogStats, EventRecord
-from kvoffload.policies import available_policies
 from kvoffload.runtime.commands import CommandResult
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.stats import ManagerCounters
@@ -218,11 +218,6 @@ class ResetRequest(_Request):
 # --------------------------------------------------------------------------- policy
 
 
-def _policy_enum(schema: dict[str, Any]) -> None:
-    # Read when the OpenAPI document is built, so policies registered by then are listed.
-    schema["properties"]["policy"]["enum"] = list(available_policies())
-
-
 class PolicyView(_Response):
     policy: str
     version: int = Field(
@@ -234,9 +229,7 @@ class PolicyView(_Response):
 class PolicySwitchRequest(_Request):
     """Switch the eviction policy. Resident blocks migrate; nothing is flushed."""
 
-    model_config = ConfigDict(json_schema_extra=_policy_enum)
-
-    policy: str = Field(max_length=64, examples=["arc"])
+    policy: PolicyName
     expected_version: int | None = Field(
         None,
         ge=1,
@@ -250,8 +243,6 @@ class PolicySwitchRequest(_Request):
 
 class PolicyValidateRequest(PolicySwitchRequest):
     """The same body as a switch; nothing is applied."""
-
-    model_config = ConfigDict(json_schema_extra=_policy_enum)
 
 
 class PolicySwitchResult(_Response):

@@ -1,5 +1,5 @@
 """Service settings: ``KVOFFLOAD_*`` environment variables, overridden by the
-flags of ``kvoffload serve`` (see :mod:`app.cli_args`).
+flags of ``kvoffload serve`` (see :mod:`app.flags`).
 
 Tokens are read from the environment only: a flag would show them in every
 process listing.
@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.policy_name import PolicyName
 from kvoffload.policies import available_policies
 
 __all__ = ["ENV_PREFIX", "LogLevel", "Settings", "is_loopback"]
@@ -50,21 +51,12 @@ class Settings(BaseSettings):
         default="127.0.0.1",
         description="interface to bind; anything but loopback needs an admin token",
     )
-    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on")
-    front_proxy: bool = Field(
-        default=True,
-        description="answer HTTP from a separate front process that serves GET /v1/cache "
-        "and /metrics from a copy at most 50 ms old, so that polling does not slow the "
-        "engine; --no-front-proxy serves everything from the engine's process",
-    )
-    uds: str | None = Field(
-        default=None,
-        description="listen on this Unix socket instead of host:port (how the front "
-        "process reaches the engine's process)",
+    port: int = Field(
+        default=8000, ge=0, le=65535, description="TCP port to listen on (0: any free port)"
     )
 
     # -- cache and engine ----------------------------------------------------
-    policy: str = Field(
+    policy: PolicyName = Field(
         default="lru",
         description=f"eviction policy at start: {', '.join(available_policies())}",
     )
@@ -147,37 +139,60 @@ class Settings(BaseSettings):
         default=15.0,
         gt=0.0,
         le=3600.0,
-        description="seconds between heartbeat comments on an idle event stream",
+        description="seconds between heartbeat comments on an event stream",
+    )
+
+    # -- limits ----------------------------------------------------------------
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        le=1024**3,
+        description="largest request body accepted; larger ones get 413 unread",
+    )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds a client may take to send a request's line and headers "
+        "before the connection is closed",
+    )
+    max_event_streams: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="concurrent event streams (GET /v1/events/stream); more get 503 "
+        "with Retry-After",
+    )
+    sse_max_replay: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="records a stream replays from its cursor (Last-Event-ID, after_seq) "
+        "before it skips to the live tail, telling the client how many it skipped",
     )
 
     @field_validator("admin_token", "read_token", mode="before")
     @classmethod
-    def _empty_token_is_unset(cls, value: object) -> object:
-        if isinstance(value, str) and not value.strip():
-            return None
-        if isinstance(value, SecretStr) and not value.get_secret_value().strip():
-            return None
+    def _token_as_written(cls, value: object) -> object:
+        # A token with a stray newline (echo "$TOKEN" > file) would be accepted
+        # here and then match no client; say so at start instead.
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str):
+            if not text:
+                raise ValueError(
+                    "the token is empty; set a non-empty token or leave the variable unset"
+                )
+            if text != text.strip():
+                raise ValueError(
+                    "the token has leading or trailing whitespace (a trailing newline?); "
+                    "clients send it without, so it would never match: remove it"
+                )
         return value
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
-
-    @field_validator("policy", mode="before")
-    @classmethod
-    def _lower_policy(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        valid = available_policies()
-        if value not in valid:
-            raise ValueError(
-                f"unknown eviction policy {value!r}; valid policies: {', '.join(valid)}"
-            )
-        return value
 
     @model_validator(mode="after")
     def _exposed_only_with_admin_token(self) -> Settings:

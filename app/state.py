@@ -1,5 +1,5 @@
-"""What the lifespan builds and the routes read: one :class:`ServiceState` per
-application, kept on ``app.state.service``."""
+"""What the routes read: one :class:`ServiceState` per application, kept on
+``app.state.service``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from opentelemetry.trace import NoOpTracer, Tracer
 from prometheus_client import CollectorRegistry
 
 from app.settings import Settings
-from kvoffload.runtime import Engine
+from app.target import AdminTarget
+from kvoffload.instrumentation.prometheus import PrometheusObserver
 from kvoffload.runtime.snapshot import EngineSnapshot
 
-__all__ = ["MetricsCache", "ServiceState", "SnapshotCache"]
+__all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots"]
 
 
 class SnapshotCache:
@@ -75,14 +76,40 @@ class MetricsCache:
         self._entry = (snap, time.monotonic(), body)
 
 
+class StreamSlots:
+    """At most ``limit`` event streams at once. Taken and given back on the
+    event loop's thread only, so a plain counter does."""
+
+    __slots__ = ("in_use", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+
+    def take(self) -> bool:
+        if self.in_use >= self.limit:
+            return False
+        self.in_use += 1
+        return True
+
+    def give_back(self) -> None:
+        self.in_use -= 1
+
+
 @dataclass(slots=True)
 class ServiceState:
     settings: Settings
-    engine: Engine
+    target: AdminTarget
     registry: CollectorRegistry
+    #: the transfer and step histograms /metrics shows (registered on ``registry``)
+    prometheus: PrometheusObserver
     #: set when the server begins to shut down: live streams end
     stopping: threading.Event = field(default_factory=threading.Event)
     #: spans for admin actions (a no-op tracer when nothing is exported)
     tracer: Tracer = field(default_factory=NoOpTracer)
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
     metrics_body: MetricsCache = field(default_factory=MetricsCache)
+    streams: StreamSlots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.streams = StreamSlots(self.settings.max_event_streams)

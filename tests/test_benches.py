@@ -83,7 +83,8 @@ def test_bench_policies_compares_with_belady() -> None:
 def test_bench_api_has_its_options() -> None:
     # The full run starts the service for half a minute; its options at least
     # must parse (the service itself is covered by tests/app).
-    assert "--quick" in run_bench("bench/api.py", "--help")
+    help_text = run_bench("bench/api.py", "--help")
+    assert "--quick" in help_text and "--rates" in help_text
 
 
 def test_bench_table_prints_every_table_and_verb() -> None:
@@ -96,3 +97,10 @@ def test_bench_table_prints_every_table_and_verb() -> None:
     }
     assert all(float(r[2]) > 0 for r in rows)
     assert all(r[3] == "1.00x" for r in rows if r[0] == "ordereddict")
+
+
+def test_bench_hosted_reports_the_ratio_to_the_bare_manager() -> None:
+    out = run_bench("bench/hosted.py", "--quick")
+    rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r}
+    assert rows["bare"][-1] == "1.00x"
+    assert float(rows["hosted"][-1].rstrip("x")) > 0

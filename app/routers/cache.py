@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
+from app.auth import GuardedRoute
 from app.commands import apply
 from app.deps import AdminAccess, ReadAccess, ServiceDep
 from app.errors import ApiError, error_responses
@@ -11,7 +12,7 @@ from app.models import CacheView, CommandView, ResetRequest
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["cache"])
+router = APIRouter(prefix="/v1", tags=["cache"], route_class=GuardedRoute)
 
 
 @router.get(
@@ -21,9 +22,9 @@ router = APIRouter(prefix="/v1", tags=["cache"])
     responses=error_responses(401),
 )
 async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
-    # Handlers only read the snapshot the engine published: no lock is shared
+    # Handlers only read the snapshot the target published: no lock is shared
     # with the engine loop, and equal snapshots are served from one encoding.
-    snap = service.engine.snapshot()
+    snap = service.target.snapshot()
     body = service.cache_body.get(snap)
     if body is None:
         body = CacheView.from_snapshot(snap).model_dump_json().encode()
@@ -37,7 +38,7 @@ async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
     summary="Evict every resident block not in use and forget the policy's ghosts",
     description='Destructive: the body must be `{"confirm": true}`. Pinned blocks and '
     "stores in flight are kept; counters continue.",
-    responses=error_responses(400, 401, 403, 422, 503, 504),
+    responses=error_responses(400, 401, 403, 413, 422, 503, 504),
 )
 async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -> CommandView:
     if body.confirm is not True:
@@ -46,5 +47,5 @@ async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -
             "confirmation_required",
             'reset drops every cached block that is not in use; send {"confirm": true} to do it',
         )
-    result, snap = await apply(service, "reset", service.engine.reset)
+    result, snap = await apply(service, "reset", service.target.reset)
     return CommandView.from_result(result, snap.state)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query
-from fastapi.responses import StreamingResponse
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
-from app.deps import AdminAccess, ReadAccess, ServiceDep
-from app.errors import error_responses
+from app.auth import GuardedRoute
+from app.deps import AdminAccess, EventLogDep, ReadAccess, ServiceDep
+from app.errors import ApiError, error_responses
 from app.models import (
     MAX_EVENTS_LIMIT,
     MAX_SEQ,
@@ -20,12 +23,12 @@ from app.models import (
     EventPageView,
     EventView,
 )
-from app.state import ServiceState
-from kvoffload.event_log import EVENT_KINDS
+from app.state import ServiceState, StreamSlots
+from kvoffload.event_log import EVENT_KINDS, EventLog
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["events"])
+router = APIRouter(prefix="/v1", tags=["events"], route_class=GuardedRoute)
 
 #: how often a live stream looks for new records
 _POLL_SECONDS = 0.05
@@ -47,11 +50,18 @@ _SSE_EVENT_SCHEMA: dict[str, Any] = {
                     {"$ref": "#/components/schemas/EventView"},
                     {
                         "type": "object",
-                        "description": "`missed` event: records after the cursor that are gone",
+                        "description": "`missed` event: records after the cursor the "
+                        "stream does not send: gone, or (`skipped`) beyond the replay limit",
                         "required": ["missed", "after_seq"],
                         "properties": {
                             "missed": {"type": "integer", "minimum": 1},
                             "after_seq": {"type": "integer", "minimum": 0},
+                            "skipped": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "description": "of `missed`, records still in the log, "
+                                "readable with GET /v1/events?after_seq=<after_seq>",
+                            },
                         },
                     },
                 ]
@@ -66,6 +76,10 @@ AfterSeq = Annotated[
         ge=0, le=MAX_SEQ, description="return records with seq > after_seq (0 = from the oldest)"
     ),
 ]
+#: a cursor the stream may start from (its absence means the live tail)
+_Cursor = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+#: seconds a client is asked to wait when every stream slot is taken
+STREAMS_FULL_RETRY_AFTER = 5
 
 
 @router.get(
@@ -75,18 +89,17 @@ AfterSeq = Annotated[
     description="Records are returned oldest first. When the cursor fell off the ring "
     "(or records were drained), `missed` says how many are gone. Continue with "
     "`after_seq=next_after_seq`.",
-    responses=error_responses(401, 422),
+    responses=error_responses(401, 409, 422),
 )
 async def read_events(
     _: ReadAccess,
-    service: ServiceDep,
+    log: EventLogDep,
     after_seq: AfterSeq = 0,
     limit: Annotated[
         int,
         Query(ge=1, le=MAX_EVENTS_LIMIT, description=f"at most {MAX_EVENTS_LIMIT}"),
     ] = 1000,
 ) -> EventPageView:
-    log = service.engine.event_log
     page = log.read(after_seq, limit)
     return EventPageView(
         events=[EventView.from_record(r) for r in page.records],
@@ -102,14 +115,14 @@ async def read_events(
     summary="Remove and return the oldest events (destructive)",
     description=f"Without a body, drains up to {MAX_EVENTS_LIMIT} records. Readers whose "
     "cursor pointed at drained records are told they missed them.",
-    responses=error_responses(400, 401, 403, 422),
+    responses=error_responses(400, 401, 403, 409, 413, 422),
 )
 async def drain_events(
     _: AdminAccess,
     service: ServiceDep,
+    log: EventLogDep,
     body: Annotated[DrainRequest | None, Body()] = None,
 ) -> DrainResult:
-    log = service.engine.event_log
     limit = body.limit if body is not None else MAX_EVENTS_LIMIT
     with service.tracer.start_as_current_span(
         "kvoffload.admin.drain_events",
@@ -126,85 +139,125 @@ async def drain_events(
     "/events/stream",
     summary="Live tail of the event log (server-sent events)",
     description="Each record is an SSE event: `id` = seq, `event` = kind, `data` = the "
-    "record as JSON. Reconnect with `Last-Event-ID` to resume after the last record "
-    "seen (the stream starts after the larger of the two). Records lost in between come as one `missed` "
-    "event. Comment lines are heartbeats. The stream ends after `limit` records, when "
-    "the client goes away, or when the service shuts down.",
-    response_class=StreamingResponse,
+    "record as JSON. Without a cursor the stream starts at the live tail. Reconnect with "
+    "`Last-Event-ID` (or pass `after_seq`) to resume after the last record seen (the "
+    "stream starts after the larger of the two); at most `sse_max_replay` records are "
+    "replayed, the rest come as one `missed` event with `skipped`, as do records lost "
+    "in between. Comment lines are heartbeats. The stream ends after `limit` records, "
+    "when the client goes away, or when the service shuts down. 503 `too_many_streams` "
+    "(with `Retry-After`) when every stream slot is taken.",
+    response_class=EventSourceResponse,
     responses={
         200: {
             "description": "An endless stream of server-sent events",
             "content": {"text/event-stream": {"schema": _SSE_EVENT_SCHEMA}},
         },
-        **error_responses(401, 422),
+        **error_responses(401, 409, 422, 503),
     },
 )
 async def stream_events(
     _: ReadAccess,
     service: ServiceDep,
-    after_seq: AfterSeq = 0,
+    log: EventLogDep,
+    # SkipJsonSchema: "absent" is not a value a client can send as null
+    after_seq: Annotated[
+        _Cursor | SkipJsonSchema[None],
+        Query(
+            description="send records with seq > after_seq (default: from the live tail)",
+        ),
+    ] = None,
     limit: Annotated[
         int,
         Query(ge=1, le=MAX_SEQ, description="end the stream after this many records"),
     ] = MAX_SEQ,
     last_event_id: Annotated[
-        int,
+        _Cursor | SkipJsonSchema[None],
         Header(
             alias="Last-Event-ID",
-            ge=0,
-            le=MAX_SEQ,
             description="the seq of the last record received; resume after it",
         ),
-    ] = 0,
-) -> StreamingResponse:
+    ] = None,
+) -> EventSourceResponse:
+    cursors = [c for c in (after_seq, last_event_id) if c is not None]
     # A reconnecting EventSource sends its original URL plus the last id it
     # saw, which is never behind the after_seq it started from.
-    cursor = max(after_seq, last_event_id)
-    return StreamingResponse(
-        _sse(service, cursor, limit),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    cursor = max(cursors) if cursors else log.last_seq
+    slots = service.streams
+    if not slots.take():
+        raise ApiError(
+            503,
+            "too_many_streams",
+            f"all {slots.limit} event stream slots are taken; retry later, or read "
+            "GET /v1/events after a cursor",
+            headers={"Retry-After": str(STREAMS_FULL_RETRY_AFTER)},
+        )
+    return _SlotStream(
+        slots,
+        _sse(service, log, cursor, limit),
+        ping=service.settings.sse_heartbeat,
+        ping_message_factory=lambda: ServerSentEvent(comment="heartbeat", sep="\n"),
+        sep="\n",
+        headers={"Cache-Control": "no-cache"},
     )
+
+
+class _SlotStream(EventSourceResponse):
+    """An event stream that gives its slot back however it ends (records sent,
+    client gone, shutdown)."""
+
+    def __init__(self, slots: StreamSlots, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = slots
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._slots.give_back()
 
 
 def _record_event(view: EventView) -> str:
     return f"id: {view.seq}\nevent: {view.kind}\ndata: {view.model_dump_json()}\n\n"
 
 
-async def _sse(service: ServiceState, cursor: int, limit: int) -> AsyncIterator[str]:
-    engine = service.engine
-    log = engine.event_log
-    heartbeat = service.settings.sse_heartbeat
+def _missed_event(missed: int, cursor: int, skipped: int = 0) -> str:
+    extra = f', "skipped": {skipped}' if skipped else ""
+    return f'event: missed\ndata: {{"missed": {missed}, "after_seq": {cursor}{extra}}}\n\n'
+
+
+async def _sse(
+    service: ServiceState, log: EventLog, cursor: int, limit: int
+) -> AsyncIterator[bytes]:
+    target = service.target
     remaining = limit
-    yield "retry: 2000\n\n"
-    if cursor > log.last_seq:
+    yield b"retry: 2000\n\n"
+    last = log.last_seq
+    if cursor > last:
         # A cursor from an earlier run of the service: its records are gone.
-        yield f": cursor {cursor} is ahead of the log (last seq {log.last_seq}); starting there\n\n"
-        cursor = log.last_seq
-    last_write = time.monotonic()
+        yield f": cursor {cursor} is ahead of the log (last seq {last}); starting there\n\n".encode()
+        cursor = last
+    replay_from = last - service.settings.sse_max_replay
+    if cursor < replay_from:
+        # Replay is bounded per connection: the rest is told, not sent.
+        gone = min(log.read(cursor, 1).missed, replay_from - cursor)
+        yield _missed_event(replay_from - cursor, cursor, replay_from - cursor - gone).encode()
+        cursor = replay_from
     while remaining > 0:
-        stopped = service.stopping.is_set() or engine.state == "stopped"
-        chunk: list[str] = []
+        stopped = service.stopping.is_set() or target.state == "stopped"
+        behind = False
         if log.last_seq > cursor:
             batch = min(_STREAM_BATCH, remaining)
             page = log.read(cursor, batch)
-            if page.missed:
-                chunk.append(
-                    f'event: missed\ndata: {{"missed": {page.missed}, "after_seq": {cursor}}}\n\n'
-                )
-            for record in page.records:
-                chunk.append(_record_event(EventView.from_record(record)))
+            chunk = [_missed_event(page.missed, cursor)] if page.missed else []
+            chunk.extend(_record_event(EventView.from_record(r)) for r in page.records)
             cursor = page.next_after_seq
             remaining -= len(page.records)
-        now = time.monotonic()
-        if chunk:
-            yield "".join(chunk)
-            last_write = now
-        elif now - last_write >= heartbeat:
-            yield ": heartbeat\n\n"
-            last_write = now
+            behind = len(page.records) == batch
+            if chunk:
+                yield "".join(chunk).encode()
         if stopped and (service.stopping.is_set() or log.last_seq <= cursor):
             # Shutting down: end now. Engine stopped: end once caught up.
             return
-        if not chunk or log.last_seq <= cursor:
-            await asyncio.sleep(_POLL_SECONDS)
+        # Sending need not suspend: give the loop its turn, at once when
+        # catching up, else after one poll interval.
+        await asyncio.sleep(0 if behind else _POLL_SECONDS)

@@ -6,13 +6,14 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app.auth import GuardedRoute
 from app.deps import ReadAccess, ServiceDep
 from app.errors import error_responses
 from app.models import HealthView
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=GuardedRoute)
 
 #: engine states in which the service does its job (a finished, non-looping
 #: replay still answers every route)
@@ -27,7 +28,7 @@ async def livez() -> HealthView:
 @router.get(
     "/readyz",
     response_model=HealthView,
-    summary="Readiness: the engine is running",
+    summary="Readiness: the engine (or hosted manager) is running",
     responses={503: {"model": HealthView, "description": "The engine is not running"}},
 )
 async def readyz(request: Request) -> Response:
@@ -35,7 +36,7 @@ async def readyz(request: Request) -> Response:
     if service is None:
         view = HealthView(status="unavailable", detail="the engine is not started")
         return JSONResponse(view.model_dump(mode="json"), status_code=503)
-    state = service.engine.state
+    state = service.target.state
     if service.stopping.is_set():
         view = HealthView(status="unavailable", state=state, detail="the service is stopping")
         return JSONResponse(view.model_dump(mode="json"), status_code=503)
@@ -59,7 +60,7 @@ async def metrics(_: ReadAccess, service: ServiceDep) -> Response:
     # MetricsCache for when the last rendering is reused. Run inline:
     # collection holds the GIL either way, a threadpool hop would only add a
     # context switch.
-    snap = service.engine.snapshot()
+    snap = service.target.snapshot()
     body = service.metrics_body.get(snap)
     if body is None:
         body = generate_latest(service.registry)

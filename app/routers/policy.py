@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.commands import apply, unknown_policy, version_conflict
+from app.auth import GuardedRoute
+from app.commands import apply
 from app.deps import AdminAccess, ReadAccess, ServiceDep
 from app.errors import error_responses
 from app.models import (
@@ -14,11 +15,12 @@ from app.models import (
     PolicyValidation,
     PolicyView,
 )
-from kvoffload.errors import PolicyError
+from kvoffload.policies import available_policies
+from kvoffload.runtime.commands import check_version
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["policy"])
+router = APIRouter(prefix="/v1", tags=["policy"], route_class=GuardedRoute)
 
 
 @router.get(
@@ -28,12 +30,11 @@ router = APIRouter(prefix="/v1", tags=["policy"])
     responses=error_responses(401),
 )
 async def get_policy(_: ReadAccess, service: ServiceDep) -> PolicyView:
-    engine = service.engine
-    snap = engine.snapshot()
+    snap = service.target.snapshot()
     return PolicyView(
         policy=snap.manager.policy,
         version=snap.policy_version,
-        available=list(engine.available_policies),
+        available=list(available_policies()),
     )
 
 
@@ -45,19 +46,19 @@ async def get_policy(_: ReadAccess, service: ServiceDep) -> PolicyView:
     "jobs are untouched. With `expected_version` the switch applies only if nobody "
     "switched since you read that version (409 otherwise). The answer names the "
     "engine step after which the switch took effect.",
-    responses=error_responses(400, 401, 403, 409, 422, 503, 504),
+    responses=error_responses(400, 401, 403, 409, 413, 422, 503, 504),
 )
 async def put_policy(
     body: PolicySwitchRequest, _: AdminAccess, service: ServiceDep
 ) -> PolicySwitchResult:
-    engine = service.engine
+    target = service.target
     requested: dict[str, str | int] = {"kvoffload.admin.requested_policy": body.policy}
     if body.expected_version is not None:
         requested["kvoffload.admin.expected_version"] = body.expected_version
     result, _snap = await apply(
         service,
         "switch_policy",
-        lambda: engine.switch_policy(body.policy, expected_version=body.expected_version),
+        lambda: target.switch_policy(body.policy, expected_version=body.expected_version),
         requested,
     )
     return PolicySwitchResult(
@@ -73,22 +74,17 @@ async def put_policy(
     response_model=PolicyValidation,
     summary="Dry run of PUT /v1/policy: same checks, nothing applied",
     description="Changes nothing, so the read scope suffices.",
-    responses=error_responses(400, 401, 409, 422),
+    responses=error_responses(400, 401, 409, 413, 422),
 )
 async def validate_policy(
     body: PolicyValidateRequest, _: ReadAccess, service: ServiceDep
 ) -> PolicyValidation:
-    engine = service.engine
-    try:
-        engine.validate_policy(body.policy)
-    except PolicyError as exc:
-        raise unknown_policy(exc, engine.available_policies) from None
-    snap = engine.snapshot()
-    if body.expected_version is not None and body.expected_version != snap.policy_version:
-        raise version_conflict(body.expected_version, snap.policy_version)
+    # The body's policy name is checked by its type (PolicyName).
+    snap = service.target.snapshot()
+    check_version(body.expected_version, snap.policy_version)
     return PolicyValidation(
         valid=True,
-        policy=body.policy.lower(),
+        policy=body.policy,
         current_policy=snap.manager.policy,
         current_version=snap.policy_version,
     )

@@ -1,9 +1,11 @@
-"""Pausing and resuming the engine loop."""
+"""Pausing and resuming the engine loop (409 ``not_supported`` for a hosted
+manager, which the host's scheduler drives)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.auth import GuardedRoute
 from app.commands import apply
 from app.deps import AdminAccess, ServiceDep
 from app.errors import error_responses
@@ -11,9 +13,9 @@ from app.models import CommandView
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["runtime"])
+router = APIRouter(prefix="/v1", tags=["runtime"], route_class=GuardedRoute)
 
-_RESPONSES = error_responses(401, 403, 503, 504)
+_RESPONSES = error_responses(401, 403, 409, 503, 504)
 
 
 @router.post(
@@ -23,7 +25,7 @@ _RESPONSES = error_responses(401, 403, 503, 504)
     responses=_RESPONSES,
 )
 async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
-    result, snap = await apply(service, "pause", service.engine.pause)
+    result, snap = await apply(service, "pause", service.target.pause)
     return CommandView.from_result(result, snap.state)
 
 
@@ -34,5 +36,5 @@ async def pause(_: AdminAccess, service: ServiceDep) -> CommandView:
     responses=_RESPONSES,
 )
 async def resume(_: AdminAccess, service: ServiceDep) -> CommandView:
-    result, snap = await apply(service, "resume", service.engine.resume)
+    result, snap = await apply(service, "resume", service.target.resume)
     return CommandView.from_result(result, snap.state)

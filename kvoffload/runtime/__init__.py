@@ -1,5 +1,6 @@
 """The serving process: the engine loop that drives a manager and a transfer
-handler, and the workloads (trace replay, built-in synthetic) that feed it.
+handler, the workloads (trace replay, built-in synthetic) that feed it, and
+:class:`HostedManager` for a manager that a host's scheduler drives instead.
 
 The engine needs torch; it is imported lazily so that the workload modules
 (and ``kvoffload replay``) load without it.
@@ -11,8 +12,10 @@ from kvoffload.runtime.commands import (
     Command,
     CommandResult,
     EngineStoppedError,
+    UnsupportedCommandError,
     VersionConflictError,
 )
+from kvoffload.runtime.hosted import HostedConfig, HostedManager
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
 from kvoffload.runtime.snapshot import EngineSnapshot, RuntimeStats
 
@@ -28,9 +31,12 @@ __all__ = [
     "EngineObserver",
     "EngineSnapshot",
     "EngineStoppedError",
+    "HostedConfig",
+    "HostedManager",
     "RequestRecord",
     "RuntimeStats",
     "TransferRecord",
+    "UnsupportedCommandError",
     "VersionConflictError",
 ]
 

@@ -1,4 +1,5 @@
-"""Commands queued to the engine and applied between steps."""
+"""Commands queued to the engine (or a hosted manager) and applied between
+steps (or between the host's manager calls)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ class EngineStoppedError(KVOffloadError):
     """A command was sent to an engine that has stopped."""
 
 
+class UnsupportedCommandError(KVOffloadError):
+    """The command does not apply to this target (e.g. pausing a manager whose
+    calls a host's scheduler makes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Command:
     kind: CommandKind
@@ -45,3 +51,9 @@ class CommandResult:
     policy: str
     policy_version: int
     detail: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def check_version(expected: int | None, current: int) -> None:
+    """Raise :class:`VersionConflictError` unless ``expected`` is ``None`` or ``current``."""
+    if expected is not None and expected != current:
+        raise VersionConflictError(expected, current)

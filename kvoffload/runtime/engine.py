@@ -34,7 +34,7 @@ from kvoffload.runtime.commands import (
     Command,
     CommandResult,
     EngineStoppedError,
-    VersionConflictError,
+    check_version,
 )
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.jobs import TransferJobs
@@ -287,11 +287,7 @@ class Engine:
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
             assert command.policy is not None
-            if (
-                command.expected_version is not None
-                and command.expected_version != self._policy_version
-            ):
-                raise VersionConflictError(command.expected_version, self._policy_version)
+            check_version(command.expected_version, self._policy_version)
             old = m.switch_policy(command.policy)
             self._policy_version += 1
             detail = {"from": old, "to": m.policy_name}

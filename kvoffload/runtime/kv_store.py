@@ -37,6 +37,29 @@ def block_pattern(seeds: torch.Tensor, width: int, salt: int) -> torch.Tensor:
     return x.to(torch.int32)
 
 
+def _usable_device(device: str) -> str:
+    """``device`` resolved (``auto``) and checked against this machine: a
+    :class:`ConfigError` names what is wrong instead of a CUDA error later."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    index = device.removeprefix("cuda:")
+    if device != "cuda" and (index == device or not index.isdigit()):
+        raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:n]', got {device!r}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(
+            f"device {device!r} is not available: no CUDA device found; use 'cpu' or 'auto'"
+        )
+    if device != "cuda" and int(index) >= count:
+        raise ConfigError(
+            f"device {device!r} is not available: this machine has {count} CUDA "
+            f"device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return device
+
+
 class GPUKVStore:
     """KV tensors of ``num_blocks`` GPU blocks plus a prefix cache over them.
 
@@ -68,10 +91,7 @@ class GPUKVStore:
         ):
             if not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:n]', got {device!r}")
+        device = _usable_device(device)
         tdtype = _DTYPES[dtype]
         per_block = block_size * num_kv_heads * head_size * tdtype.itemsize
         if per_block % 4:

@@ -139,9 +139,21 @@ def test_loopback_hosts_need_no_token(host: str) -> None:
     assert Settings(host=host).admin_token is None
 
 
-def test_empty_token_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KVOFFLOAD_ADMIN_TOKEN", "  ")
-    monkeypatch.setenv("KVOFFLOAD_READ_TOKEN", "")
-    settings = Settings()
-    assert settings.admin_token is None
-    assert settings.read_token is None
+@pytest.mark.parametrize("variable", ["KVOFFLOAD_ADMIN_TOKEN", "KVOFFLOAD_READ_TOKEN"])
+@pytest.mark.parametrize(
+    ("token", "problem"),
+    [
+        ("", "empty"),
+        ("s3cret\n", "whitespace"),
+        (" s3cret", "whitespace"),
+        ("s3cret ", "whitespace"),
+    ],
+)
+def test_blank_or_padded_token_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str, token: str, problem: str
+) -> None:
+    # Accepted, a padded token would never match what clients send.
+    monkeypatch.setenv(variable, token)
+    with pytest.raises(ValidationError, match=problem) as info:
+        Settings()
+    assert "s3cret" not in str(info.value)

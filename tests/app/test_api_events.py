@@ -184,7 +184,7 @@ def test_stream_heartbeats_and_ends_on_shutdown(make_client: ClientFactory) -> N
     client = make_client(sse_heartbeat=0.05)
     pause(client)
     top = last_seq(client)
-    stopping: threading.Event = client.app.state.stopping  # type: ignore[attr-defined]
+    stopping: threading.Event = client.app.state.service.stopping  # type: ignore[attr-defined]
     timer = threading.Timer(0.4, stopping.set)
     timer.start()
     try:

@@ -204,7 +204,7 @@ def test_livez_and_readyz(client: TestClient) -> None:
 
 
 def test_readyz_is_503_when_engine_stopped(client: TestClient) -> None:
-    client.app.state.service.engine.stop(5.0)  # type: ignore[attr-defined]
+    client.app.state.service.target.stop(5.0)  # type: ignore[attr-defined]
     r = client.get("/readyz")
     assert r.status_code == 503
     assert r.json()["state"] == "stopped"

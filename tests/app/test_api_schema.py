@@ -41,6 +41,6 @@ def test_api_conforms_to_its_schema(case: Any) -> None:
         # A fuzzed pause may have stopped the flow of records; the stream would
         # then wait for its `limit`. Resume so that records keep coming.
         service = APP.state.service
-        if service is not None and service.engine.state == "paused":
-            service.engine.resume().result(10)
+        if service is not None and service.target.state == "paused":
+            service.target.resume().result(10)
     case.call_and_validate(headers=ADMIN_HEADERS, timeout=5)

@@ -3,70 +3,16 @@ exercised over HTTP, stopped with SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from served import SMALL_ENGINE_FLAGS, free_port, serve, wait_ready
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "serve-test-admin-token"
-
-
-#: a small engine on CPU tensors: quick to start, same code paths
-SMALL_ENGINE_FLAGS = (
-    "--capacity",
-    "64",
-    "--gpu-blocks",
-    "64",
-    "--head-size",
-    "8",
-    "--device",
-    "cpu",
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
-    environ["PYTHONPATH"] = str(ROOT)
-    environ.update(env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "kvoffload.cli", "serve", *args],
-        cwd=ROOT,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def wait_ready(base: str, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (
-            f"server exited early:\n{proc.stdout.read() if proc.stdout else ''}"
-        )
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("server not ready in time")
 
 
 @pytest.fixture

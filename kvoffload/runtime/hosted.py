@@ -1,0 +1,316 @@
+"""A manager that someone else's scheduler drives, with admin commands applied
+between its calls.
+
+:class:`HostedManager` wraps a :class:`~kvoffload.manager.PolicyOffloadingManager`
+whose protocol calls come from a host's thread (vLLM's scheduler, for one):
+every verb delegates to the wrapped manager, and the admin commands (policy
+switch, reset) queued from other threads reach the manager only between two
+of those calls. Readers get immutable snapshots.
+
+Threading contract:
+
+- Each delegated call runs under one :class:`threading.Lock`, uncontended on
+  the host's thread unless a command or a snapshot is being made. The wrapped
+  manager is never called from two threads at once, and never re-entered.
+- A command submitted while a host call runs is queued; it is applied by
+  whichever thread next holds the lock: the host thread as its call returns,
+  or the submitting thread when no call is running (the host's scheduler may
+  be idle for minutes, and an operator's ``PUT /v1/policy`` must not wait for
+  traffic). Every holder of the lock looks at the queue after releasing it,
+  so a queued command never waits for a later call.
+- The snapshot is published under the lock after every command (so the next
+  read shows it) and at the end of a host call when the last one is older
+  than ``snapshot_max_age``; :meth:`snapshot` refreshes it itself, without
+  waiting, when the host is idle.
+
+Do not call the wrapped manager directly once it is wrapped: that would
+bypass the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kvoffload.abstract import (
+    BlockHash,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
+)
+from kvoffload.backend import BlockStatus
+from kvoffload.event_log import EventLog
+from kvoffload.manager import PolicyOffloadingManager
+from kvoffload.policies import policy_class
+from kvoffload.runtime.commands import (
+    Command,
+    CommandResult,
+    EngineStoppedError,
+    UnsupportedCommandError,
+    check_version,
+)
+from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
+from kvoffload.stats import ManagerStats
+
+__all__ = ["HostedConfig", "HostedManager"]
+
+T = TypeVar("T")
+
+#: a hosted manager has no serving loop of its own: its runtime counters stay 0
+_NO_RUNTIME = RuntimeStats()
+
+
+@dataclass(frozen=True, slots=True)
+class HostedConfig:
+    """What the admin service exports as ``kvoffload_config_info`` for a hosted manager."""
+
+    num_cpu_blocks: int
+    offloaded_block_size: int
+    medium: str
+    event_log_capacity: int | None
+
+
+class HostedManager(OffloadingManager):
+    """Wraps ``manager`` for a host's scheduler thread (see the module doc).
+
+    Args:
+        manager: the manager the host drives; call it only through this wrapper.
+        description: shown as the ``workload`` of the snapshot.
+        snapshot_max_age: seconds a published snapshot may age while the host
+            keeps calling.
+    """
+
+    def __init__(
+        self,
+        manager: PolicyOffloadingManager,
+        *,
+        description: str = "hosted: driven by the host's scheduler",
+        snapshot_max_age: float = 0.05,
+    ) -> None:
+        self.manager = manager
+        self.description = description
+        self.snapshot_max_age = snapshot_max_age
+        log = manager.event_log
+        self.config = HostedConfig(
+            num_cpu_blocks=manager.capacity,
+            offloaded_block_size=manager.backend.block_size,
+            medium=manager.backend.medium,
+            event_log_capacity=log.capacity if log is not None else None,
+        )
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[Command, Future[CommandResult]]] = deque()
+        self._pending = False
+        self._calls = 0
+        self._version = 1
+        self._state: EngineState = "running"
+        self._snapshot = self._take_snapshot()
+        self._published = time.monotonic()
+
+    # -- the protocol, delegated ----------------------------------------------
+
+    def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        return self._call(self.manager.lookup, block_hashes)
+
+    def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
+        return self._call(self.manager.prepare_load, block_hashes)
+
+    def touch(self, block_hashes: Iterable[BlockHash]) -> None:
+        self._call(self.manager.touch, block_hashes)
+
+    def complete_load(self, block_hashes: Iterable[BlockHash]) -> None:
+        self._call(self.manager.complete_load, block_hashes)
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        return self._call(self.manager.prepare_store, block_hashes)
+
+    def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
+        self._call(self.manager.complete_store, block_hashes, success)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        return self._call(self.manager.take_events)
+
+    def stats(self) -> ManagerStats:
+        return self._call(self.manager.stats)
+
+    def get_block(self, block_hash: BlockHash) -> BlockStatus | None:
+        return self._call(self.manager.get_block, block_hash)
+
+    def __len__(self) -> int:
+        return self._call(self.manager.__len__)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return self._call(self.manager.__contains__, block_hash)
+
+    @property
+    def capacity(self) -> int:
+        return self.manager.capacity
+
+    @property
+    def policy_name(self) -> str:
+        return self.manager.policy_name
+
+    # -- what the admin service reads -----------------------------------------
+
+    @property
+    def event_log(self) -> EventLog | None:
+        """The wrapped manager's log (its reads and drains are thread-safe)."""
+        return self.manager.event_log
+
+    @property
+    def state(self) -> EngineState:
+        """``running`` until :meth:`close`, then ``stopped``."""
+        return self._state
+
+    def snapshot(self) -> EngineSnapshot:
+        """The latest published snapshot (immutable; safe from any thread).
+        ``step`` counts the host's calls so far; runtime counters are 0."""
+        if time.monotonic() - self._published >= self.snapshot_max_age and self._lock.acquire(
+            blocking=False
+        ):
+            try:
+                self._publish()
+            finally:
+                self._lock.release()
+            self._apply_if_idle()
+        return self._snapshot
+
+    # -- commands ------------------------------------------------------------
+
+    def switch_policy(
+        self, policy: str, expected_version: int | None = None
+    ) -> Future[CommandResult]:
+        """Queue a live policy switch (see
+        :meth:`~kvoffload.manager.PolicyOffloadingManager.switch_policy`).
+        An unknown policy raises :class:`~kvoffload.errors.PolicyError` at
+        once; a stale ``expected_version`` fails the future with
+        :class:`~kvoffload.runtime.commands.VersionConflictError`."""
+        policy_class(policy)
+        return self._submit(
+            Command("switch_policy", policy=policy.lower(), expected_version=expected_version)
+        )
+
+    def reset(self) -> Future[CommandResult]:
+        """Queue a reset: every resident block not in use is evicted, ghosts forgotten."""
+        return self._submit(Command("reset"))
+
+    def pause(self) -> Future[CommandResult]:
+        raise UnsupportedCommandError(
+            "pause is not supported for a hosted manager: the host's scheduler drives it"
+        )
+
+    def resume(self) -> Future[CommandResult]:
+        raise UnsupportedCommandError(
+            "resume is not supported for a hosted manager: the host's scheduler drives it"
+        )
+
+    def close(self) -> None:
+        """Refuse further commands (they fail with
+        :class:`~kvoffload.runtime.commands.EngineStoppedError`, queued ones
+        too); the host may go on calling the manager."""
+        with self._lock:
+            self._state = "stopped"
+            self._fail_queued()
+            self._publish()
+
+    # -- inside ------------------------------------------------------------
+
+    def _call(self, method: Callable[..., T], *args: object) -> T:
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._pending:
+                self._apply_queued()
+            return method(*args)
+        finally:
+            self._calls += 1
+            if time.monotonic() - self._published >= self.snapshot_max_age:
+                self._publish()
+            lock.release()
+            if self._pending:
+                self._apply_if_idle()
+
+    def _submit(self, command: Command) -> Future[CommandResult]:
+        fut: Future[CommandResult] = Future()
+        if self._state == "stopped":
+            fut.set_exception(EngineStoppedError("the hosted manager is closed"))
+            return fut
+        self._queue.append((command, fut))
+        self._pending = True
+        self._apply_if_idle()
+        return fut
+
+    def _apply_if_idle(self) -> None:
+        # Whoever fails to take the lock here leaves the queue to its holder,
+        # which comes back here after releasing it.
+        while self._pending and self._lock.acquire(blocking=False):
+            try:
+                self._apply_queued()
+            finally:
+                self._lock.release()
+
+    def _apply_queued(self) -> None:
+        """Apply every queued command (lock held)."""
+        # Cleared first: a command queued from here on sets it again.
+        self._pending = False
+        if self._state == "stopped":
+            self._fail_queued()
+            return
+        while self._queue:
+            command, fut = self._queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = self._apply(command)
+            except Exception as e:  # delivered to the submitter
+                fut.set_exception(e)
+                continue
+            # publish first: a submitter woken by the future reads the snapshot
+            self._publish()
+            fut.set_result(result)
+
+    def _apply(self, command: Command) -> CommandResult:
+        m = self.manager
+        detail: dict[str, str] = {}
+        if command.kind == "switch_policy":
+            assert command.policy is not None
+            check_version(command.expected_version, self._version)
+            old = m.switch_policy(command.policy)
+            self._version += 1
+            detail = {"from": old, "to": m.policy_name}
+        else:
+            assert command.kind == "reset", command
+            detail = {"cpu_blocks_evicted": str(len(m.clear()))}
+        return CommandResult(
+            kind=command.kind,
+            applied_at_step=self._calls,
+            policy=m.policy_name,
+            policy_version=self._version,
+            detail=detail,
+        )
+
+    def _fail_queued(self) -> None:
+        while self._queue:
+            _, fut = self._queue.popleft()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineStoppedError("the hosted manager is closed"))
+
+    def _take_snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(
+            state=self._state,
+            step=self._calls,
+            policy_version=self._version,
+            workload=self.description,
+            manager=self.manager.stats(),
+            runtime=_NO_RUNTIME,
+            timestamp=time.time(),
+        )
+
+    def _publish(self) -> None:
+        self._snapshot = self._take_snapshot()
+        self._published = time.monotonic()

@@ -1,0 +1,162 @@
+"""The embedded admin server: started in this process for a HostedManager that
+a host thread drives, over real HTTP on loopback; and the docs' example."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from api_support import ADMIN, ADMIN_HEADERS, READ_HEADERS, small_settings
+
+from app import AdminServer, StartupError, start_admin_server
+from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
+from kvoffload.runtime import HostedManager, TransferRecord
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+
+
+@pytest.fixture
+def hosted() -> Iterator[tuple[HostedManager, AdminServer]]:
+    manager = PolicyOffloadingManager(
+        CPUBackend(block_size=16, num_blocks=32), policy="lru", enable_events=True
+    )
+    target = HostedManager(manager)
+    server = start_admin_server(target, small_settings(port=0))
+    try:
+        yield target, server
+    finally:
+        server.stop()
+        assert not server.running
+
+
+def drive(target: HostedManager, stop: threading.Event) -> None:
+    """The host's scheduler: stores and loads, with idle gaps."""
+    i = 0
+    while not stop.is_set():
+        chain = [BlockHash(f"b{i % 50 + j}".encode()) for j in range(4)]
+        hit = target.lookup(chain)
+        if hit:
+            target.prepare_load(chain[:hit])
+            target.complete_load(chain[:hit])
+        out = target.prepare_store(chain[hit:])
+        if out is not None:
+            target.complete_store(out.block_hashes_to_store)
+        i += 1
+        if i % 100 == 0:
+            time.sleep(0.01)
+
+
+def test_every_route_serves_a_hosted_manager(hosted: tuple[HostedManager, AdminServer]) -> None:
+    target, server = hosted
+    stop = threading.Event()
+    host = threading.Thread(target=drive, args=(target, stop))
+    host.start()
+    try:
+        with httpx.Client(base_url=server.url, headers=ADMIN_HEADERS, timeout=10.0) as http:
+            assert http.get("/livez").status_code == 200
+            assert http.get("/readyz").json()["state"] == "running"
+            switched = http.put("/v1/policy", json={"policy": "arc", "expected_version": 1})
+            assert switched.status_code == 200, switched.text
+            assert switched.json()["version"] == 2
+            view = http.get("/v1/cache").json()
+            assert view["policy"] == "arc" and view["arc"] is not None
+            assert view["workload"].startswith("hosted")
+            assert http.get("/v1/policy").json()["version"] == 2
+            valid = http.post("/v1/policy:validate", json={"policy": "kvarc"})
+            assert valid.status_code == 200
+            assert http.get("/v1/events?limit=3").json()["events"]
+            with http.stream("GET", "/v1/events/stream?after_seq=0&limit=2") as r:
+                assert r.status_code == 200
+                ids = [line for line in r.iter_lines() if line.startswith("id: ")]
+            assert len(ids) == 2
+            assert http.post("/v1/events:drain", json={"limit": 5}).status_code == 200
+            metrics = http.get("/metrics").text
+            assert 'kvoffload_policy_info{policy="arc"} 1.0' in metrics
+            assert "kvoffload_config_info" in metrics
+            for action in ("pause", "resume"):
+                r = http.post(f"/v1/runtime:{action}")
+                assert r.status_code == 409
+                assert r.json()["error"]["code"] == "not_supported"
+            reset = http.post("/v1/cache:reset", json={"confirm": True})
+            assert reset.status_code == 200, reset.text
+    finally:
+        stop.set()
+        host.join(10)
+
+
+def test_a_command_to_an_idle_host_is_applied_at_once(
+    hosted: tuple[HostedManager, AdminServer],
+) -> None:
+    # Nothing calls the manager: the switch must not wait for a next call.
+    _, server = hosted
+    r = httpx.put(
+        f"{server.url}/v1/policy", json={"policy": "kvarc"}, headers=ADMIN_HEADERS, timeout=5.0
+    )
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{server.url}/v1/cache", headers=READ_HEADERS).json()["policy"] == "kvarc"
+
+
+def test_the_host_feeds_transfer_records_to_the_servers_observer(
+    hosted: tuple[HostedManager, AdminServer],
+) -> None:
+    _, server = hosted
+    server.prometheus.transfer_finished(TransferRecord(1, "store", 4, 4096, 0, 1_000_000, True))
+    value = server.registry.get_sample_value(
+        "kvoffload_transfer_bytes_total", {"direction": "store"}
+    )
+    assert value == 4096
+    text = httpx.get(f"{server.url}/metrics", headers=READ_HEADERS).text
+    assert 'kvoffload_transfer_bytes_total{direction="store"} 4096.0' in text
+
+
+def test_a_bad_address_is_a_startup_error() -> None:
+    manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8))
+    with pytest.raises(StartupError, match=r"cannot listen on no-such-host\.invalid"):
+        start_admin_server(
+            HostedManager(manager), small_settings(host="no-such-host.invalid", port=0)
+        )
+
+
+def test_stop_ends_live_streams(hosted: tuple[HostedManager, AdminServer]) -> None:
+    _, server = hosted
+    ended = threading.Event()
+
+    def tail() -> None:
+        with httpx.stream(
+            "GET", f"{server.url}/v1/events/stream", headers=READ_HEADERS, timeout=30
+        ) as r:
+            for _ in r.iter_lines():
+                pass
+        ended.set()
+
+    reader = threading.Thread(target=tail, daemon=True)
+    reader.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    server.stop()
+    assert ended.wait(5), "the stream did not end at stop()"
+    assert not server.running
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_docs_embedding_example_runs() -> None:
+    text = DOCS.read_text()
+    match = re.search(r"## Embedding the admin server\n.*?```python\n(.*?)```", text, re.S)
+    assert match is not None, "docs/api.md lost its embedding example"
+    done = subprocess.run(
+        [sys.executable, "-c", match.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["arc", "1"]
+    assert ADMIN not in done.stderr

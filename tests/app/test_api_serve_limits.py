@@ -1,0 +1,391 @@
+"""What a public service needs, against a real `kvoffload serve` on loopback:
+abandoned streams freed, bodies capped and auth decided before them, request
+targets routed as written, reads that follow writes, stream slots and the
+live-tail default, a deadline on request headers, and start-up settings that
+fail in one line."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from served import (
+    ADMIN,
+    READ,
+    TOKEN,
+    Served,
+    free_port,
+    raw_request,
+    serve,
+    served,
+    status_of,
+)
+
+pytestmark = pytest.mark.slow
+
+#: every route, as (method, path, body); answered promptly whatever streams do
+ROUTES = [
+    ("GET", "/livez", None),
+    ("GET", "/readyz", None),
+    ("GET", "/v1/cache", None),
+    ("GET", "/v1/policy", None),
+    ("PUT", "/v1/policy", {"policy": "arc"}),
+    ("POST", "/v1/policy:validate", {"policy": "lru"}),
+    ("GET", "/v1/events?limit=5", None),
+    ("GET", "/metrics", None),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    # a few times real time: events keep coming, a core stays free
+    with served("--max-event-streams", "8", "--sse-max-replay", "5", "--speed", "4") as s:
+        yield s
+
+
+def open_stream(port: int, target: str = "/v1/events/stream") -> tuple[socket.socket, bytes]:
+    """A raw event-stream request; returns the socket and the head of the answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: {READ['Authorization']}\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return sock, head
+
+
+def stream_status(port: int) -> int:
+    sock, head = open_stream(port)
+    sock.close()
+    return status_of(head)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def test_abandoned_streams_are_freed_and_every_route_answers(server: Served) -> None:
+    # 100 clients open a stream and go away without a word.
+    for _ in range(100):
+        sock, head = open_stream(server.port)
+        assert status_of(head) in (200, 503)
+        sock.close()
+    # Their slots come back within seconds: all 8 can be opened again.
+    deadline = time.monotonic() + 10
+    while True:
+        socks = [open_stream(server.port) for _ in range(8)]
+        statuses = [status_of(head) for _, head in socks]
+        for sock, _ in socks:
+            sock.close()
+        if statuses == [200] * 8:
+            break
+        assert time.monotonic() < deadline, f"stream slots not freed: {statuses}"
+        time.sleep(0.5)
+    with httpx.Client(base_url=server.base, headers=ADMIN, timeout=5.0) as http:
+        for method, path, body in ROUTES:
+            r = http.request(method, path, json=body)
+            assert r.status_code == 200, (path, r.text)
+
+
+def test_stream_slots_are_capped_with_retry_after(server: Served) -> None:
+    held = [open_stream(server.port) for _ in range(8)]
+    try:
+        assert [status_of(head) for _, head in held] == [200] * 8
+        with httpx.Client(base_url=server.base, headers=READ, timeout=5.0) as http:
+            full = http.get("/v1/events/stream")
+            assert full.status_code == 503
+            assert int(full.headers["retry-after"]) > 0
+            assert full.json()["error"]["code"] == "too_many_streams"
+            # everything else still answers
+            assert http.get("/v1/cache").status_code == 200
+    finally:
+        for sock, _ in held:
+            sock.close()
+
+
+def read_events(response: httpx.Response, n: int) -> list[dict[str, str]]:
+    """The first ``n`` events (blocks with an ``event`` field) of a stream."""
+    events: list[dict[str, str]] = []
+    block: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "event" in block:
+                events.append(block)
+                if len(events) == n:
+                    break
+            block = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            block[name] = value.strip()
+    return events
+
+
+def test_stream_without_cursor_starts_at_the_live_tail(server: Served) -> None:
+    with httpx.Client(base_url=server.base, headers=READ, timeout=10.0) as http:
+        before = wait_for_events(http, 20)
+        with http.stream("GET", "/v1/events/stream") as r:
+            assert r.status_code == 200
+            events = read_events(r, 3)
+    assert [e["event"] for e in events] != ["missed"] * 3
+    assert all(int(e["id"]) > before for e in events), events
+
+
+def wait_for_events(http: httpx.Client, n: int) -> int:
+    """Wait until the log has ``n`` records; its last seq."""
+    deadline = time.monotonic() + 30
+    while (last := int(http.get("/v1/events?limit=1").json()["last_seq"])) < n:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return last
+
+
+def test_stream_replay_is_bounded_and_the_skip_is_told(server: Served) -> None:
+    with httpx.Client(base_url=server.base, headers=READ, timeout=10.0) as http:
+        wait_for_events(http, 20)
+        with http.stream("GET", "/v1/events/stream?after_seq=0") as r:
+            first, *records = read_events(r, 4)
+    assert first["event"] == "missed"
+    missed = json.loads(first["data"])
+    assert missed["after_seq"] == 0
+    assert missed["skipped"] > 0 and missed["missed"] >= missed["skipped"]
+    # replay resumes 5 records (--sse-max-replay) before the tail it saw
+    assert int(records[0]["id"]) == missed["missed"] + 1
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def send_body(port: int, head: bytes, size: int) -> bytes:
+    """Send ``head`` and then up to ``size`` bytes of body while the server
+    takes them; return its answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    chunk = b"x" * (1 << 20)
+    try:
+        sock.sendall(head)
+        sent = 0
+        while sent < size:
+            try:
+                sock.sendall(chunk)
+            except OSError:  # the server answered and closed
+                break
+            sent += len(chunk)
+        answer = b""
+        try:
+            while part := sock.recv(65536):
+                answer += part
+        except OSError:
+            pass
+        return answer
+    finally:
+        sock.close()
+
+
+def test_large_unauthenticated_bodies_are_refused_unread(server: Served) -> None:
+    size = 300 << 20
+    rss_before = server.rss_bytes()
+    too_large = send_body(
+        server.port,
+        f"POST /no/such/path HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n\r\n".encode(),
+        size,
+    )
+    assert status_of(too_large) == 413
+    assert b"payload_too_large" in too_large
+    chunked = send_body(
+        server.port,
+        b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n100000\r\n",
+        size,
+    )
+    assert status_of(chunked) == 401
+    growth = server.rss_bytes() - rss_before
+    assert growth < 8 << 20, f"RSS grew by {growth / 2**20:.1f} MiB"
+    # the service is fine afterwards
+    assert httpx.get(f"{server.base}/livez", timeout=5).status_code == 200
+
+
+def test_auth_is_decided_before_the_body_is_parsed(server: Served) -> None:
+    bad = b'{"policy": '
+    with httpx.Client(base_url=server.base, timeout=5.0) as http:
+        headers = {"content-type": "application/json"}
+        assert http.put("/v1/policy", content=bad, headers=headers).status_code == 401
+        assert http.put("/v1/policy", content=bad, headers={**headers, **READ}).status_code == 403
+        wrong = http.put("/v1/policy", json={"policy": 3}, headers={"Authorization": "Bearer x"})
+        assert wrong.status_code == 401
+        assert http.put("/v1/policy", content=bad, headers={**headers, **ADMIN}).status_code == 400
+        big = http.put("/v1/policy", content=b" " * (2 << 20), headers={**headers, **ADMIN})
+        assert big.status_code == 413
+        assert big.json()["error"]["code"] == "payload_too_large"
+
+
+# --------------------------------------------------------------------------- targets
+
+ODD_TARGETS = [
+    "//x/v1/policy",
+    "/v1/../v1/policy",
+    "/v1/./policy",
+    "/v1/%2e%2e/v1/policy",
+    "/%2e%2e/v1/cache",
+    "/v1/cache%23x",
+    "/v1/cache%00",
+    "/v1/cache%0a",
+    "/v1/cache%0d%0aX-Injected:%201",
+    "/v1/cache%",
+    "/v1/cache%zz",
+    "/v1/cache/",
+    "/v1/policy/",
+    "/v1//cache",
+    "/v1/cache;x",
+    "http://evil.example/v1/cache",
+    "/" + "a" * 4000,
+]
+
+
+@pytest.mark.parametrize("target", ODD_TARGETS)
+def test_odd_request_targets_are_routed_as_written(server: Served, target: str) -> None:
+    answer = raw_request(
+        server.port,
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: {ADMIN['Authorization']}\r\n\r\n".encode(),
+    )
+    assert status_of(answer) == 404, answer[:300]
+    assert b"X-Injected" not in answer.split(b"\r\n\r\n")[0]
+
+
+@pytest.mark.parametrize(
+    "target", [b"/v1/cache\x00", b"/v1/ca\x01che", b"/v1/cache\x7f", b"/v1/cache?a=\x00"]
+)
+def test_control_characters_in_the_target_are_a_400(server: Served, target: bytes) -> None:
+    answer = raw_request(server.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(answer) == 400, answer[:300]
+
+
+def test_odd_query_strings_are_a_422(server: Served) -> None:
+    for query in ("%00=1", "after_seq=%00", "limit=%0a", "after_seq=1&after_seq=x"):
+        answer = raw_request(
+            server.port,
+            f"GET /v1/events?{query} HTTP/1.1\r\nHost: x\r\nAuthorization: {ADMIN['Authorization']}"
+            "\r\n\r\n".encode(),
+        )
+        assert status_of(answer) == 422, (query, answer[:300])
+
+
+# --------------------------------------------------------------------------- reads follow writes
+
+
+def test_no_stale_read_after_a_switch_under_concurrent_polling(server: Served) -> None:
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.base, headers=READ, timeout=10.0) as http:
+            while not stop.is_set():
+                if http.get("/v1/cache").status_code != 200:
+                    errors.append("poll failed")
+
+    pollers = [threading.Thread(target=poll, daemon=True) for _ in range(4)]
+    for t in pollers:
+        t.start()
+    stale = []
+    try:
+        with httpx.Client(base_url=server.base, headers=ADMIN, timeout=10.0) as http:
+            for i in range(500):
+                policy = ("arc", "lru", "kvarc")[i % 3]
+                switched = http.put("/v1/policy", json={"policy": policy})
+                assert switched.status_code == 200, switched.text
+                version = switched.json()["version"]
+                view = http.get("/v1/cache").json()
+                if view["policy"] != policy or view["policy_version"] < version:
+                    stale.append((i, policy, view["policy"]))
+                if http.get("/v1/policy").json()["policy"] != policy:
+                    stale.append((i, policy, "GET /v1/policy"))
+    finally:
+        stop.set()
+        for t in pollers:
+            t.join(10)
+    assert stale == []
+    assert errors == []
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def test_slow_request_headers_are_cut_off() -> None:
+    with served("--header-timeout", "1") as s:
+        trickles = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(50)]
+        for sock in trickles:
+            sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+        closed: set[int] = set()
+        deadline = time.monotonic() + 8
+        while len(closed) < len(trickles) and time.monotonic() < deadline:
+            for i, sock in enumerate(trickles):
+                if i in closed:
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    sock.setblocking(False)
+                    if sock.recv(1) == b"":
+                        closed.add(i)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed.add(i)
+                finally:
+                    sock.setblocking(True)
+            # while they trickle, everyone else is served
+            assert httpx.get(f"{s.base}/livez", timeout=5).status_code == 200
+            time.sleep(0.3)
+        for sock in trickles:
+            sock.close()
+        assert len(closed) == len(trickles), f"{len(trickles) - len(closed)} connections held"
+
+
+# --------------------------------------------------------------------------- start-up
+
+
+@pytest.mark.parametrize("token", ["s3cr3t\n", " s3cr3t", "s3cr3t ", ""])
+def test_padded_or_empty_token_is_refused_at_start(token: str) -> None:
+    proc = serve("--port", str(free_port()), env={"KVOFFLOAD_ADMIN_TOKEN": token})
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    assert lines[0].startswith("kvoffload serve: error: KVOFFLOAD_ADMIN_TOKEN: ")
+    assert ("empty" if not token else "whitespace") in lines[0]
+    assert "s3cr3t" not in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "fragment"),
+    [
+        (["--device", "cuda:7"], 2, "device 'cuda:7' is not available"),
+        (["--uds", "/nonexistent/dir/sock"], 2, "unrecognized arguments: --uds"),
+        (["--host", "no-such-host.invalid"], 1, "cannot listen on no-such-host.invalid"),
+    ],
+)
+def test_bad_start_up_settings_fail_in_one_line(flags: list[str], code: int, fragment: str) -> None:
+    proc = serve(
+        "--port", str(free_port()), "--device", "cpu", *flags, env={"KVOFFLOAD_ADMIN_TOKEN": TOKEN}
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code, out
+    assert fragment in out
+    assert "Traceback" not in out
+
+
+def test_port_in_use_is_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = serve("--port", str(port), "--device", "cpu")
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert f"cannot listen on 127.0.0.1:{port}" in out
+    assert "Traceback" not in out
