@@ -9,10 +9,12 @@ forces the reference.
 
 from __future__ import annotations
 
+import heapq
 import os
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.abstract import BlockHash
@@ -29,7 +31,7 @@ Handle = Any
 
 _DEFAULT_RULES = (0, 1, 2, 3)
 #: ``set_touch_rules`` arguments of a new table: plain LRU on each list
-DEFAULT_TOUCH_RULES = (_DEFAULT_RULES, _DEFAULT_RULES, _DEFAULT_RULES, False)
+DEFAULT_TOUCH_RULES = (_DEFAULT_RULES, _DEFAULT_RULES, False)
 
 
 def _resident_tag(tag: int) -> int:
@@ -67,21 +69,31 @@ class PyBlockTable:
     def __init__(self) -> None:
         #: every entry's tag: resident 0..3, ghost 4..7
         self._tag: dict[Key, int] = {}
-        #: per resident tag: the main order (hash -> handle), oldest first
+        #: per resident tag: the entries in line (hash -> handle), oldest first
         self._main: list[OrderedDict[Key, Handle]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
-        #: per resident tag: the parked order (hash -> handle)
-        self._parked: list[dict[Key, Handle]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: the entries set aside (hash -> (stamp, handle)),
+        #: older than every entry in line, in stamp order among themselves
+        self._aside: list[dict[Key, tuple[int, Handle]]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: a heap of (stamp, hash) holding every ready entry
+        #: set aside; pairs that no longer say so are dropped when popped
+        self._heap: list[list[tuple[int, Key]]] = [[] for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: the stamp each hash has a pair in the heap for
+        self._queued: list[dict[Key, int]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: how many entries set aside are ready
+        self._aside_ready = [0] * RESIDENT_TAGS
         #: per ghost tag: the order of ghosts
         self._ghosts: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
         #: reference counts that are not 0
         self._refs: dict[Key, int] = {}
+        #: the next stamps: later than every one given (evictions), earlier (move to front)
+        self._late = 0
+        self._early = -1
         self._resident = 0
         self.pinned = 0
         self.in_flight = 0
         self.walked = 0
         self._ready_to: tuple[int, ...] = _DEFAULT_RULES
         self._in_flight_to: tuple[int, ...] = _DEFAULT_RULES
-        self._parked_to: tuple[int, ...] = _DEFAULT_RULES
         self._touch_ghosts = False
 
     # -- reading ----------------------------------------------------------
@@ -94,7 +106,7 @@ class PyBlockTable:
 
     def _handle(self, h: Key, tag: int) -> Handle:
         main = self._main[tag]
-        return main[h] if h in main else self._parked[tag][h]
+        return main[h] if h in main else self._aside[tag][h][1]
 
     def get(self, h: Key) -> Handle:
         tag = self._tag.get(h, TAGS)
@@ -115,12 +127,8 @@ class PyBlockTable:
     def size(self, tag: int) -> int:
         tag = _any_tag(tag)
         if tag < RESIDENT_TAGS:
-            return len(self._main[tag]) + len(self._parked[tag])
+            return len(self._main[tag]) + len(self._aside[tag])
         return len(self._ghosts[tag - RESIDENT_TAGS])
-
-    def parked_size(self, tag: int) -> int:
-        tag = _any_tag(tag)
-        return len(self._parked[tag]) if tag < RESIDENT_TAGS else 0
 
     def lookup(self, hashes: Iterable[Key]) -> int:
         tag, refs = self._tag, self._refs
@@ -137,9 +145,10 @@ class PyBlockTable:
 
     def items(self, tag: int) -> list[tuple[Key, Handle]]:
         tag = _any_tag(tag)
-        if tag < RESIDENT_TAGS:
-            return [*self._main[tag].items(), *self._parked[tag].items()]
-        return list(self._ghosts[tag - RESIDENT_TAGS].items())
+        if tag >= RESIDENT_TAGS:
+            return list(self._ghosts[tag - RESIDENT_TAGS].items())
+        aside = sorted(self._aside[tag].items(), key=lambda item: item[1][0])
+        return [(h, handle) for h, (_, handle) in aside] + list(self._main[tag].items())
 
     def keys(self, tag: int) -> list[Key]:
         return [h for h, _ in self.items(tag)]
@@ -160,13 +169,69 @@ class PyBlockTable:
                 raise KeyError(h)
         return hashes
 
+    # -- entries set aside ----------------------------------------------------
+
+    def _set_aside(self, h: Key, tag: int, handle: Handle, stamp: int) -> None:
+        self._aside[tag][h] = (stamp, handle)
+        if not self._refs.get(h, 0):
+            self._aside_ready[tag] += 1
+            self._queue(tag, h, stamp)
+
+    def _queue(self, tag: int, h: Key, stamp: int) -> None:
+        """Make sure the heap of ``tag`` holds ``(stamp, h)``."""
+        queued = self._queued[tag]
+        if queued.get(h) == stamp:
+            return
+        heap = self._heap[tag]
+        if len(heap) > 2 * len(self._aside[tag]) + 32:  # mostly stale pairs: rebuild
+            refs = self._refs
+            ready = {k: s for k, (s, _) in self._aside[tag].items() if not refs.get(k, 0)}
+            heap[:] = [(s, k) for k, s in ready.items() if k != h]
+            heapq.heapify(heap)
+            queued.clear()
+            queued.update(ready)
+        heapq.heappush(heap, (stamp, h))
+        queued[h] = stamp
+
+    def _ready_again(self, h: Key) -> None:
+        """``h`` became ready (its last load completed, or its store)."""
+        tag = self._tag[h]
+        entry = self._aside[tag].get(h)
+        if entry is not None:
+            self._aside_ready[tag] += 1
+            self._queue(tag, h, entry[0])
+
+    def _detach(self, h: Key, tag: int) -> Handle:
+        """Take ``h`` out of the order of ``tag`` (its heap pair goes stale)."""
+        main = self._main[tag]
+        if h in main:
+            return main.pop(h)
+        _, handle = self._aside[tag].pop(h)
+        if not self._refs.get(h, 0):
+            self._aside_ready[tag] -= 1
+        return handle
+
+    def _ready_aside(self, tag: int, taken: list[tuple[int, Key]]) -> Iterator[tuple[Key, Handle]]:
+        """The ready entries set aside in ``tag``, in stamp order, popped
+        from the heap; each popped pair is appended to ``taken`` (to be
+        queued again unless its entry leaves)."""
+        heap, queued, aside, refs = self._heap[tag], self._queued[tag], self._aside[tag], self._refs
+        while heap:
+            stamp, h = heapq.heappop(heap)
+            if queued.get(h) != stamp:
+                continue  # superseded by a later pair
+            del queued[h]
+            entry = aside.get(h)
+            if entry is None or entry[0] != stamp or refs.get(h, 0):
+                continue  # no longer set aside with it, or busy: queued again when ready
+            taken.append((stamp, h))
+            yield h, entry[1]
+
     # -- changes ------------------------------------------------------------
 
     def _drop(self, h: Key) -> Handle:
         """Take a resident entry out of its order and out of the table."""
-        tag = self._tag.pop(h)
-        main = self._main[tag]
-        handle = main.pop(h) if h in main else self._parked[tag].pop(h)
+        handle = self._detach(h, self._tag.pop(h))
         ref = self._refs.pop(h, 0)
         if ref > 0:
             self.pinned -= 1
@@ -207,6 +272,7 @@ class PyBlockTable:
         done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
         for h in done:
             del refs[h]
+            self._ready_again(h)
         self.in_flight -= len(done)
         return done
 
@@ -224,10 +290,13 @@ class PyBlockTable:
         handles = []
         for h in hashes:
             n = refs.get(h, 0)
+            tag = self._tag[h]
             if not n:
                 self.pinned += 1
+                if h in self._aside[tag]:
+                    self._aside_ready[tag] -= 1  # its heap pair goes stale
             refs[h] = n + 1
-            handles.append(self._handle(h, self._tag[h]))
+            handles.append(self._handle(h, tag))
         return handles
 
     def unpin(self, hashes: Iterable[Key]) -> list[Key]:
@@ -245,10 +314,7 @@ class PyBlockTable:
             del refs[h]
             self.pinned -= 1
             released.append(h)
-            tag = self._tag[h]
-            parked = self._parked[tag]
-            if h in parked:
-                self._main[tag][h] = parked.pop(h)
+            self._ready_again(h)
         return released
 
     def remove(self, h: Key) -> Handle:
@@ -261,23 +327,20 @@ class PyBlockTable:
         old = self._tag.get(h, TAGS)
         if old >= RESIDENT_TAGS:
             raise KeyError(h)
-        if h in self._parked[old]:
-            raise ValueError(h)
-        main = self._main[tag]
-        main[h] = self._main[old].pop(h)
+        handle = self._detach(h, old)
         self._tag[h] = tag
-        if not last:
-            main.move_to_end(h, last=False)
+        if last:
+            self._main[tag][h] = handle
+        else:
+            self._set_aside(h, tag, handle, self._early)
+            self._early -= 1
 
     def relist(self, hashes: Iterable[Key], tag: int) -> None:
         tag = _resident_tag(tag)
         hashes = self._resident_list(hashes)
         main = self._main[tag]
         for h in hashes:
-            old = self._tag[h]
-            om = self._main[old]
-            handle = om.pop(h) if h in om else self._parked[old].pop(h)
-            main[h] = handle
+            main[h] = self._detach(h, self._tag[h])
             self._tag[h] = tag
 
     def clear_tag(self, tag: int) -> None:
@@ -298,24 +361,13 @@ class PyBlockTable:
 
     # -- touch ----------------------------------------------------------------
 
-    def set_touch_rules(
-        self,
-        ready: Sequence[int],
-        in_flight: Sequence[int],
-        parked: Sequence[int],
-        ghosts: bool,
-    ) -> None:
-        rules = (
-            _rules("ready", ready, stay=False),
-            _rules("in_flight", in_flight, stay=True),
-            _rules("parked", parked, stay=False),
-        )
-        self._ready_to, self._in_flight_to, self._parked_to = rules
+    def set_touch_rules(self, ready: Sequence[int], in_flight: Sequence[int], ghosts: bool) -> None:
+        rules = (_rules("ready", ready, stay=False), _rules("in_flight", in_flight, stay=True))
+        self._ready_to, self._in_flight_to = rules
         self._touch_ghosts = bool(ghosts)
 
     def touch(self, hashes: Sequence[Key]) -> list[int] | None:
-        tags, refs = self._tag, self._refs
-        mains, parkeds = self._main, self._parked
+        tags, refs, mains = self._tag, self._refs, self._main
         hits: list[int] | None = None
         # every hash is looked up before anything moves (a key whose hash
         # raises changes nothing); a visit changes only its own entry's tag
@@ -329,21 +381,15 @@ class PyBlockTable:
                         hits = []
                     hits.append(tag)
                 continue
+            dest = self._ready_to[tag] if refs.get(h, 0) >= 0 else self._in_flight_to[tag]
+            if dest < 0:
+                continue
             main = mains[tag]
-            if h in main:
-                dest = self._ready_to[tag] if refs.get(h, 0) >= 0 else self._in_flight_to[tag]
-                if dest < 0:
-                    continue
-                if dest == tag:
-                    main.move_to_end(h)
-                else:
-                    mains[dest][h] = main.pop(h)
-                    tags[h] = dest
+            if dest == tag and h in main:
+                main.move_to_end(h)
             else:
-                dest = self._parked_to[tag]
-                if dest != tag:
-                    parkeds[dest][h] = parkeds[tag].pop(h)
-                    tags[h] = dest
+                mains[dest][h] = self._detach(h, tag)
+                tags[h] = dest
         return hits
 
     # -- eviction ---------------------------------------------------------------
@@ -374,46 +420,57 @@ class PyBlockTable:
         first = max(0, min(first, n))
         if n == 0:
             return [], [], 0
-        if n > sum(len(self._main[t]) for t in lists):
+        if n > sum(len(self._main[t]) + self._aside_ready[t] for t in lists):
             return None
         refs = self._refs
-        # walk each list's main order from its oldest end, lazily
-        walks = [iter(self._main[t].items()) for t in lists]  # nothing moves until commit
-        passed: list[tuple[list[Key], list[Key]]] = [([], []) for _ in lists]
+        ok = False
+        # each list is walked lazily: its ready entries set aside (popped
+        # from its heap), then its entries in line; nothing else moves until
+        # the victims are known
+        taken: list[list[tuple[int, Key]]] = [[] for _ in lists]
+        walks = [
+            chain(self._ready_aside(t, taken[i]), self._main[t].items())
+            for i, t in enumerate(lists)
+        ]
+        passed: list[list[Key]] = [[] for _ in lists]  # entries in line walked past
         victims: list[list[tuple[Key, Handle]]] = [[] for _ in lists]
 
         def walk(i: int, want: int) -> None:
-            found = victims[i]
+            found, aside = victims[i], self._aside[lists[i]]
             if len(found) >= want:
                 return
-            pinned, flying = passed[i]
             for h, handle in walks[i]:
                 self.walked += 1
-                r = refs.get(h, 0)
-                if r > 0:
-                    pinned.append(h)
-                elif r < 0:
-                    flying.append(h)
-                elif h not in protected:
-                    found.append((h, handle))
-                    if len(found) >= want:
-                        return
+                if refs.get(h, 0) or h in protected:
+                    if h not in aside:
+                        passed[i].append(h)
+                    continue
+                found.append((h, handle))
+                if len(found) >= want:
+                    return
 
-        walk(0, first)
-        if len(lists) == 2 and len(victims[0]) < n:
-            walk(1, n - len(victims[0]))
-        total = sum(map(len, victims))
-        if total < n:
-            walk(0, n - total + len(victims[0]))
-        if sum(map(len, victims)) < n:
+        try:
+            walk(0, first)
+            if len(lists) == 2 and len(victims[0]) < n:
+                walk(1, n - len(victims[0]))
+            total = sum(map(len, victims))
+            if total < n:
+                walk(0, n - total + len(victims[0]))
+            ok = sum(map(len, victims)) == n
+        finally:
+            for i, t in enumerate(lists):
+                gone = {h for h, _ in victims[i]} if ok else set()
+                for stamp, h in taken[i]:
+                    if h not in gone:
+                        self._queue(t, h, stamp)
+        if not ok:
             return None
         hashes: list[Key] = []
         handles: list[Handle] = []
         for i, t in enumerate(lists):
-            main = self._main[t]
             ghost = ghost_of[i]
             for h, handle in victims[i]:
-                del main[h]
+                self._detach(h, t)
                 hashes.append(h)
                 handles.append(handle)
                 if ghost == -1:
@@ -421,11 +478,10 @@ class PyBlockTable:
                 else:
                     self._tag[h] = ghost
                     self._ghosts[ghost - RESIDENT_TAGS][h] = None
-            pinned, flying = passed[i]
-            for h in pinned:
-                self._parked[t][h] = main.pop(h)
-            for h in flying:
-                main.move_to_end(h)
+            main = self._main[t]
+            for h in passed[i]:  # in walking order: later stamps than any before
+                self._set_aside(h, t, main.pop(h), self._late)
+                self._late += 1
         self._resident -= n
         return hashes, handles, len(victims[0])
 

@@ -8,10 +8,9 @@ block while ``len(T1) >= int(target_t1_size)``, else T2's, falling back to
 the other list when the preferred one has nothing evictable.
 
 T1 and T2 are lists of the manager's :class:`~kvoffload.table.BlockTable`
-(tags 0 and 1), B1 and B2 its ghost lists (tags 4 and 5): a pinned block an
-eviction passes is parked until released (a parked T1 block that is
-touched while pinned moves to T2's); a block whose store is in flight
-moves to its list's recent end.
+(tags 0 and 1), B1 and B2 its ghost lists (tags 4 and 5). A busy block an
+eviction passes keeps its place in its list, as in vLLM, and later
+evictions skip it until it is ready again.
 """
 
 from __future__ import annotations
@@ -94,9 +93,8 @@ class ARCPolicy(TwoListPolicy):
     def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
         # A used-again T1 block moves to T2, except while its store is in
         # flight (the engine touches right after prepare_store, which is not
-        # a second use): it stays in T1, most recent. A parked (pinned) T1
-        # block moves to T2's parked blocks. Ghost hits are reported.
-        self.table.set_touch_rules((T2, T2, 2, 3), (T1, T2, 2, 3), (T2, T2, 2, 3), True)
+        # a second use): it stays in T1, most recent. Ghost hits are reported.
+        self.table.set_touch_rules((T2, T2, 2, 3), (T1, T2, 2, 3), True)
         super().seed(items)
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:

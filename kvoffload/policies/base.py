@@ -38,7 +38,7 @@ class EvictionPolicy(ABC):
     * ``evict(n, protected)`` is all-or-nothing: it returns exactly ``n``
       victims, none pinned, in flight or in ``protected``, taken out of the
       table; or ``None``, changing nothing. The table's ``evict`` gives
-      this, O(1) amortised per victim however many blocks are busy;
+      this, O(log n) per victim however many blocks are busy;
     * ``evictions`` counts the victims returned, by the list they left;
     * :meth:`ordered_items` yields every resident block, least valuable
       first.

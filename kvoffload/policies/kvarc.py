@@ -89,9 +89,8 @@ class KVARCPolicy(TwoListPolicy):
         # stays where insert filed it: vLLM's scheduler touches a request's
         # blocks right after prepare_store, which is not a second use, and
         # moving them would undo the tail-first filing and the cold tail.
-        # A parked (pinned) T1 block used again is T2's when released.
         # Ghosts are counted when stored again, not when touched.
-        self.table.set_touch_rules((T2, T2, 2, 3), (-1, T2, 2, 3), (T2, T2, 2, 3), False)
+        self.table.set_touch_rules((T2, T2, 2, 3), (-1, T2, 2, 3), False)
         super().seed(items)
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:

@@ -15,9 +15,8 @@ LRU = 0  # the table tag of the one list
 class LRUPolicy(EvictionPolicy):
     """One list in recency order; the least recently used evictable block goes.
 
-    A pinned block that an eviction passes is parked until its last load
-    completes; it then comes back as the most recently used (it was in use
-    until then). A block whose store is in flight moves to the recent end.
+    A busy block (pinned, or its store in flight) that an eviction passes
+    keeps its place, as in vLLM; later evictions skip it until it is ready.
     """
 
     name = "lru"
