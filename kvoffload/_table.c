@@ -166,12 +166,12 @@ raise_key(PyObject *type, PyObject *key)
 /* ------------------------------------------------------------------------ */
 /* tags and integers (messages as kvoffload.table's)                        */
 
-/* an exact int in [lo, hi) (no bool, no int subclass); -1 with ValueError
-   "<what> must be <lo>..<hi-1>, got <repr>" otherwise */
+/* an int in [lo, hi) (an IntEnum member too, not a bool): 0 with *out set,
+   1 if it is not one, -1 with an exception */
 static int
-exact_int_in(PyObject *o, long lo, long hi, long *out)
+int_in(PyObject *o, long lo, long hi, long *out)
 {
-    if (PyLong_CheckExact(o)) {
+    if (PyLong_Check(o) && !PyBool_Check(o)) {
         int overflow;
         long v = PyLong_AsLongAndOverflow(o, &overflow);
         if (!overflow && v >= lo && v < hi) {
@@ -188,7 +188,7 @@ static int
 resident_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, 0, N_RESIDENT, &v);
+    int r = int_in(o, 0, N_RESIDENT, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -202,7 +202,7 @@ static int
 ghost_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, N_RESIDENT, N_TAGS, &v);
+    int r = int_in(o, N_RESIDENT, N_TAGS, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -216,7 +216,7 @@ static int
 any_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, 0, N_TAGS, &v);
+    int r = int_in(o, 0, N_TAGS, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -224,23 +224,6 @@ any_tag(PyObject *o, int *out)
     if (r > 0)
         PyErr_Format(PyExc_ValueError, "tag must be 0..7, got %R", o);
     return -1;
-}
-
-/* `o == -1` as Python says it (an exact int fast) */
-static int
-is_minus_one(PyObject *o)
-{
-    if (PyLong_CheckExact(o)) {
-        int overflow;
-        long v = PyLong_AsLongAndOverflow(o, &overflow);
-        return !overflow && v == -1;
-    }
-    PyObject *m1 = PyLong_FromLong(-1);
-    if (m1 == NULL)
-        return -1;
-    int r = PyObject_RichCompareBool(o, m1, Py_EQ);
-    Py_DECREF(m1);
-    return r;
 }
 
 /* `list(obj)`, except that an exact list or tuple is used as it is */
@@ -255,45 +238,73 @@ as_seq(PyObject *obj)
 /* ------------------------------------------------------------------------ */
 /* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
 
+#define MAX_ARGS 7
+
+/* a method's arguments: the first `nreq` required, at most `npos`
+   positional, the rest keyword-only */
+typedef struct {
+    const char *fname;
+    const char *names[MAX_ARGS];
+    int nreq, npos, nmax;
+    PyObject *interned[MAX_ARGS]; /* the names, interned on first use */
+} Sig;
+
+/* the argument of keyword `name`, or -1 (an exception set if one occurred) */
 static int
-parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-           const char *const *names, int nreq, int nmax, PyObject **out)
+keyword_index(Sig *sig, PyObject *name)
 {
-    for (int i = 0; i < nmax; i++)
+    for (int j = 0; j < sig->nmax; j++) {
+        if (sig->interned[j] == name) /* the usual case: both interned */
+            return j;
+    }
+    for (int j = 0; j < sig->nmax; j++) {
+        if (PyUnicode_Compare(name, sig->interned[j]) == 0)
+            return j;
+    }
+    if (PyErr_Occurred())
+        return -1;
+    PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", sig->fname,
+                 name);
+    return -1;
+}
+
+static int
+parse_args(Sig *sig, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    for (int i = 0; i < sig->nmax; i++)
         out[i] = NULL;
-    if (nargs > nmax) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname,
-                     nmax, nargs);
+    if (nargs > sig->npos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)",
+                     sig->fname, sig->npos, nargs);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++)
         out[i] = args[i];
     if (kwnames != NULL) {
+        if (sig->interned[0] == NULL) {
+            for (int j = 0; j < sig->nmax; j++) {
+                sig->interned[j] = PyUnicode_InternFromString(sig->names[j]);
+                if (sig->interned[j] == NULL)
+                    return -1;
+            }
+        }
         Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
         for (Py_ssize_t k = 0; k < nkw; k++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-            int j;
-            for (j = 0; j < nmax; j++) {
-                if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0)
-                    break;
-            }
-            if (j == nmax) {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
-                             fname, name);
+            int j = keyword_index(sig, PyTuple_GET_ITEM(kwnames, k));
+            if (j < 0)
                 return -1;
-            }
             if (out[j] != NULL) {
                 PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
-                             fname, names[j]);
+                             sig->fname, sig->names[j]);
                 return -1;
             }
             out[j] = args[nargs + k];
         }
     }
-    for (int j = 0; j < nreq; j++) {
+    for (int j = 0; j < sig->nreq; j++) {
         if (out[j] == NULL) {
             PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
-                         fname, names[j], j + 1);
+                         sig->fname, sig->names[j], j + 1);
             return -1;
         }
     }
@@ -1349,9 +1360,9 @@ dupset_add(DupSet *s, Item *v, int32_t i)
 static PyObject *
 BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"hashes", "handles", "tag"};
+    static Sig sig = {"insert", {"hashes", "handles", "tag"}, 3, 3, 3, {NULL}};
     PyObject *a[3];
-    if (parse_args("insert", args, nargs, kwnames, names, 3, 3, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     PyObject *hs = NULL, *hd = NULL, *tg = NULL;
     Items b;
@@ -1374,7 +1385,7 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         goto fail;
     }
     int single = -1;
-    if (PyLong_CheckExact(a[2])) {
+    if (PyLong_Check(a[2])) {
         if (resident_tag(a[2], &single) < 0)
             goto fail;
     }
@@ -1413,7 +1424,7 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         b.v[i].obj = Py_NewRef(hsrc[i]);
         if (tg != NULL) {
             long v;
-            (void)exact_int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
+            (void)int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
             b.v[i].tag = (int32_t)v;
         }
         else {
@@ -1683,7 +1694,7 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* remove, move, relist, clear_tag, trim                                    */
+/* remove, move, relist, trim, forget_policy                                */
 
 static PyObject *
 BT_remove(BlockTable *t, PyObject *key)
@@ -1708,10 +1719,10 @@ done:
 static PyObject *
 BT_move(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"h", "tag", "last"};
+    static Sig sig = {"move", {"h", "tag", "last"}, 2, 3, 3, {NULL}};
     PyObject *a[3];
     int tag;
-    if (parse_args("move", args, nargs, kwnames, names, 2, 3, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (resident_tag(a[1], &tag) < 0)
         return NULL;
@@ -1741,10 +1752,10 @@ fail:
 static PyObject *
 BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"hashes", "tag"};
+    static Sig sig = {"relist", {"hashes", "tag"}, 2, 2, 2, {NULL}};
     PyObject *a[2];
     int tag;
-    if (parse_args("relist", args, nargs, kwnames, names, 2, 2, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (resident_tag(a[1], &tag) < 0)
         return NULL;
@@ -1775,15 +1786,19 @@ drop_ghosts(BlockTable *t, int tag, Py_ssize_t keep)
 }
 
 static PyObject *
-BT_clear_tag(BlockTable *t, PyObject *tag)
+BT_forget_policy(BlockTable *t, PyObject *Py_UNUSED(ignored))
 {
-    int tg;
-    if (ghost_tag(tag, &tg) < 0)
-        return NULL;
     ENTER(t);
+    Py_ssize_t ghosts = 0;
+    for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
+        ghosts += t->lists[tag].size;
     PyObject *res = NULL;
-    if (trash_reserve(t, t->lists[tg].size) == 0) {
-        drop_ghosts(t, tg, 0);
+    if (trash_reserve(t, ghosts) == 0) {
+        for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
+            drop_ghosts(t, tag, 0);
+        for (int i = 0; i < N_RESIDENT; i++)
+            t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
+        t->touch_ghosts = 0;
         tbl_shrink(t);
         res = Py_NewRef(Py_None);
     }
@@ -1793,10 +1808,10 @@ BT_clear_tag(BlockTable *t, PyObject *tag)
 static PyObject *
 BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"tag", "keep"};
+    static Sig sig = {"trim", {"tag", "keep"}, 2, 2, 2, {NULL}};
     PyObject *a[2];
     int tg;
-    if (parse_args("trim", args, nargs, kwnames, names, 2, 2, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (ghost_tag(a[0], &tg) < 0)
         return NULL;
@@ -1826,46 +1841,66 @@ BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
 /* ------------------------------------------------------------------------ */
 /* touch                                                                    */
 
-/* tuple(obj) as 4 tags in [lo, 3]; ValueError as kvoffload.table's */
+/* kvoffload.table.TouchRules, imported when first needed (kvoffload.table
+   imports this module) */
+static PyObject *touch_rules_type;
+
+/* where a block of each list goes: rules.<name>.get(list, list) for each
+   resident list, each in [lo, 3] */
 static int
-parse_rules(const char *name, PyObject *obj, int lo, int8_t out[N_RESIDENT])
+read_moves(PyObject *rules, const char *name, int lo, int8_t out[N_RESIDENT])
 {
-    PyObject *tup = PySequence_Tuple(obj);
-    if (tup == NULL)
+    PyObject *m = PyObject_GetAttrString(rules, name);
+    if (m == NULL)
         return -1;
-    int ok = PyTuple_GET_SIZE(tup) == N_RESIDENT;
-    for (Py_ssize_t i = 0; ok && i < N_RESIDENT; i++) {
-        long v = 0;
-        int r = exact_int_in(PyTuple_GET_ITEM(tup, i), lo, N_RESIDENT, &v);
-        if (r < 0) {
-            Py_DECREF(tup);
+    for (int i = 0; i < N_RESIDENT; i++) {
+        PyObject *dest = PyObject_CallMethod(m, "get", "(ii)", i, i);
+        if (dest == NULL) {
+            Py_DECREF(m);
             return -1;
         }
-        ok = r == 0;
+        long v = 0;
+        int r = int_in(dest, lo, N_RESIDENT, &v);
+        if (r > 0)
+            PyErr_Format(PyExc_ValueError, "TouchRules.%s sends list %d to %R", name, i, dest);
+        Py_DECREF(dest);
+        if (r != 0) {
+            Py_DECREF(m);
+            return -1;
+        }
         out[i] = (int8_t)v;
     }
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must be 4 tags, each %s; got %R", name,
-                     lo < 0 ? "-1 (stay) or 0..3" : "0..3", tup);
-        Py_DECREF(tup);
-        return -1;
-    }
-    Py_DECREF(tup);
+    Py_DECREF(m);
     return 0;
 }
 
 static PyObject *
-BT_set_touch_rules(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+BT_set_touch_rules(BlockTable *t, PyObject *rules)
 {
-    static const char *const names[] = {"ready", "in_flight", "ghosts"};
-    PyObject *a[3];
+    if (touch_rules_type == NULL) {
+        PyObject *mod = PyImport_ImportModule("kvoffload.table");
+        if (mod == NULL)
+            return NULL;
+        touch_rules_type = PyObject_GetAttrString(mod, "TouchRules");
+        Py_DECREF(mod);
+        if (touch_rules_type == NULL)
+            return NULL;
+    }
+    int is = PyObject_IsInstance(rules, touch_rules_type);
+    if (is < 0)
+        return NULL;
+    if (!is) {
+        PyErr_Format(PyExc_TypeError, "set_touch_rules() takes a TouchRules, got %R", rules);
+        return NULL;
+    }
     int8_t ready[N_RESIDENT], flying[N_RESIDENT];
-    if (parse_args("set_touch_rules", args, nargs, kwnames, names, 3, 3, a) < 0)
+    if (read_moves(rules, "ready", 0, ready) < 0 || read_moves(rules, "in_flight", -1, flying) < 0)
         return NULL;
-    if (parse_rules("ready", a[0], 0, ready) < 0 ||
-        parse_rules("in_flight", a[1], -1, flying) < 0)
+    PyObject *g = PyObject_GetAttrString(rules, "ghosts");
+    if (g == NULL)
         return NULL;
-    int ghosts = PyObject_IsTrue(a[2]);
+    int ghosts = PyObject_IsTrue(g);
+    Py_DECREF(g);
     if (ghosts < 0)
         return NULL;
     ENTER(t);
@@ -2134,65 +2169,58 @@ walk_list(BlockTable *t, Side *s, int side, Py_ssize_t want, Py_ssize_t *found, 
     return 0;
 }
 
+/* `o` is absent or None (*out -1), or a tag `parse` accepts */
+static int
+optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
+{
+    *out = -1;
+    return o == NULL || o == Py_None ? 0 : parse(o, out);
+}
+
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", "b", "first", "n", "protected", "ghost_a", "ghost_b"};
+    static Sig sig = {
+        "evict", {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b"}, 3, 3, 7, {NULL}};
     PyObject *a[7];
-    int ta, tb = -1, ga = -1, gb = -1;
-    if (parse_args("evict", args, nargs, kwnames, names, 5, 7, a) < 0)
+    int ta, tb, ga, gb;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
-    if (resident_tag(a[0], &ta) < 0)
+    if (resident_tag(a[0], &ta) < 0 || optional_tag(a[3], resident_tag, &tb) < 0)
         return NULL;
-    int r = is_minus_one(a[1]);
-    if (r < 0)
-        return NULL;
-    if (!r) {
-        if (resident_tag(a[1], &tb) < 0)
-            return NULL;
-        if (tb == ta) {
-            PyErr_Format(PyExc_ValueError, "a and b must be different tags, got %d twice", ta);
-            return NULL;
-        }
-    }
-    for (int s = 0; s < (tb < 0 ? 1 : 2); s++) {
-        PyObject *g = a[5 + s];
-        int *out = s ? &gb : &ga;
-        if (g == NULL)
-            continue;
-        r = is_minus_one(g);
-        if (r < 0)
-            return NULL;
-        if (!r && ghost_tag(g, out) < 0)
-            return NULL;
-    }
-    Py_ssize_t first, n;
-    if (!PyLong_CheckExact(a[2])) {
-        PyErr_Format(PyExc_TypeError, "first must be an int, got %R", a[2]);
+    if (tb == ta) {
+        PyErr_Format(PyExc_ValueError, "a and b must be different lists, got %d twice", ta);
         return NULL;
     }
-    if (!PyLong_CheckExact(a[3])) {
-        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", a[3]);
+    if (optional_tag(a[5], ghost_tag, &ga) < 0 || optional_tag(a[6], ghost_tag, &gb) < 0)
+        return NULL;
+    if (!PyLong_CheckExact(a[1])) {
+        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", a[1]);
         return NULL;
     }
-    n = PyLong_AsSsize_t(a[3]);
+    if (a[4] != NULL && a[4] != Py_None && !PyLong_CheckExact(a[4])) {
+        PyErr_Format(PyExc_TypeError, "first must be an int or None, got %R", a[4]);
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(a[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
     if (n < 0) {
         PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
         return NULL;
     }
-    {
+    Py_ssize_t first = n;
+    if (a[4] != NULL && a[4] != Py_None) {
         int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
+        long long v = PyLong_AsLongLongAndOverflow(a[4], &overflow);
         /* a negative first walks a for nothing first, as min(first, n) does */
         first = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX
                 : overflow < 0 || v < 0          ? 0
                                                  : (Py_ssize_t)v;
+        if (first > n)
+            first = n;
     }
-    if (first > n)
-        first = n;
-    PyObject *prot = a[4];
+    PyObject *prot = a[2];
     ENTER(t);
 
     Walks w;
@@ -2450,16 +2478,16 @@ static PyMethodDef BT_methods[] = {
      "move(h, tag, last=True): to the most recent (or oldest) end of tag's main order."},
     {"relist", (PyCFunction)(void (*)(void))BT_relist, FAST,
      "relist(hashes, tag): each, in order, to the most recent end of tag's main order."},
-    {"clear_tag", (PyCFunction)BT_clear_tag, METH_O,
-     "clear_tag(tag): drop every ghost of ghost tag tag."},
+    {"forget_policy", (PyCFunction)BT_forget_policy, METH_NOARGS,
+     "forget_policy(): drop every ghost and restore the default touch rules."},
     {"trim", (PyCFunction)(void (*)(void))BT_trim, FAST,
      "trim(tag, keep) -> int: drop the oldest ghosts of tag until keep remain."},
-    {"set_touch_rules", (PyCFunction)(void (*)(void))BT_set_touch_rules, FAST,
-     "set_touch_rules(ready, in_flight, ghosts): what touch does."},
+    {"set_touch_rules", (PyCFunction)BT_set_touch_rules, METH_O,
+     "set_touch_rules(rules): what touch does (a kvoffload.table.TouchRules)."},
     {"touch", (PyCFunction)BT_touch, METH_O,
      "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
     {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
-     "evict(a, b, first, n, protected, ghost_a=-1, ghost_b=-1)\n"
+     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None)\n"
      "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
     {NULL, NULL, 0, NULL},
 };

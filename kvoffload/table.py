@@ -13,8 +13,10 @@ import heapq
 import os
 import warnings
 from collections import Counter, OrderedDict
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import chain
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.abstract import BlockHash
@@ -24,43 +26,79 @@ RESIDENT_TAGS = 4
 TAGS = 8
 #: ``tag_of`` for a hash without an entry
 NO_TAG = -1
+#: a :attr:`TouchRules.in_flight` destination: the block stays where it is
+STAY = -1
 
 #: keys are any hashable object at run time; typed as the block hashes they are
 Key = BlockHash
 Handle = Any
 
-_DEFAULT_RULES = (0, 1, 2, 3)
-#: ``set_touch_rules`` arguments of a new table: plain LRU on each list
-DEFAULT_TOUCH_RULES = (_DEFAULT_RULES, _DEFAULT_RULES, False)
+
+def _is_tag(tag: object, low: int, high: int) -> bool:
+    """An int (an ``IntEnum`` member too, not a bool) in ``low..high-1``."""
+    return isinstance(tag, int) and not isinstance(tag, bool) and low <= tag < high
 
 
 def _resident_tag(tag: int) -> int:
-    if type(tag) is not int or not 0 <= tag < RESIDENT_TAGS:
+    if not _is_tag(tag, 0, RESIDENT_TAGS):
         raise ValueError(f"resident tag must be 0..{RESIDENT_TAGS - 1}, got {tag!r}")
-    return tag
+    return int(tag)
 
 
 def _ghost_tag(tag: int) -> int:
-    if type(tag) is not int or not RESIDENT_TAGS <= tag < TAGS:
+    if not _is_tag(tag, RESIDENT_TAGS, TAGS):
         raise ValueError(f"ghost tag must be {RESIDENT_TAGS}..{TAGS - 1}, got {tag!r}")
-    return tag - RESIDENT_TAGS
+    return int(tag)
 
 
 def _any_tag(tag: int) -> int:
-    if type(tag) is not int or not 0 <= tag < TAGS:
+    if not _is_tag(tag, 0, TAGS):
         raise ValueError(f"tag must be 0..{TAGS - 1}, got {tag!r}")
-    return tag
+    return int(tag)
 
 
-def _rules(name: str, rules: Sequence[int], stay: bool) -> tuple[int, ...]:
-    rules = tuple(rules)
-    low = -1 if stay else 0
-    if len(rules) != RESIDENT_TAGS or any(
-        type(t) is not int or not low <= t < RESIDENT_TAGS for t in rules
-    ):
-        allowed = "-1 (stay) or 0..3" if stay else "0..3"
-        raise ValueError(f"{name} must be 4 tags, each {allowed}; got {rules!r}")
-    return rules
+@dataclass(frozen=True, slots=True)
+class TouchRules:
+    """What a block table's ``touch`` does to each block it finds, by the
+    resident list (tag ``0..3``) the block is in. A list a mapping does not
+    name keeps its blocks: each moves to its own list's most recent end
+    (LRU within the list). The default, ``TouchRules()``, is that for every
+    list and leaves ghosts alone.
+
+    ``TouchRules(ready={T1: T2}, ghosts=True)`` is ARC's: a ready T1 block
+    used again moves to T2, a block whose store is in flight moves to its
+    own list's recent end, and a touch reports the ghosts it meets."""
+
+    #: a ready block (idle or pinned by loads) of list ``k`` moves to the most
+    #: recent end of list ``ready[k]``
+    ready: Mapping[int, int] = field(default_factory=dict)
+    #: a block whose store is in flight, of list ``k``: to the most recent end
+    #: of ``in_flight[k]``, or nowhere if that is :data:`STAY`
+    in_flight: Mapping[int, int] = field(default_factory=dict)
+    #: a touched ghost moves to its ghost list's most recent end, and
+    #: ``touch`` returns the ghost lists it hit
+    ghosts: bool = False
+
+    def __post_init__(self) -> None:
+        for name, rules, low in (("ready", self.ready, 0), ("in_flight", self.in_flight, STAY)):
+            for src, dest in rules.items():
+                if not (_is_tag(src, 0, RESIDENT_TAGS) and _is_tag(dest, low, RESIDENT_TAGS)):
+                    allowed = "a resident list or STAY" if low < 0 else "a resident list"
+                    raise ValueError(
+                        f"TouchRules.{name} maps resident lists (0..3) to {allowed}; "
+                        f"got {src!r}: {dest!r}"
+                    )
+            object.__setattr__(self, name, MappingProxyType(dict(rules)))
+
+    def moves(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where a ready and where an in-flight block of each list goes."""
+        return (
+            tuple(self.ready.get(t, t) for t in range(RESIDENT_TAGS)),
+            tuple(self.in_flight.get(t, t) for t in range(RESIDENT_TAGS)),
+        )
+
+
+_DEFAULT_MOVES = TouchRules().moves()
 
 
 class PyBlockTable:
@@ -92,8 +130,7 @@ class PyBlockTable:
         self.pinned = 0
         self.in_flight = 0
         self.walked = 0
-        self._ready_to: tuple[int, ...] = _DEFAULT_RULES
-        self._in_flight_to: tuple[int, ...] = _DEFAULT_RULES
+        self._ready_to, self._in_flight_to = _DEFAULT_MOVES
         self._touch_ghosts = False
 
     # -- reading ----------------------------------------------------------
@@ -108,29 +145,29 @@ class PyBlockTable:
         main = self._main[tag]
         return main[h] if h in main else self._aside[tag][h][1]
 
-    def get(self, h: Key) -> Handle:
+    def get(self, h: Key, /) -> Handle:
         tag = self._tag.get(h, TAGS)
         return self._handle(h, tag) if tag < RESIDENT_TAGS else None
 
-    def ref(self, h: Key) -> int | None:
+    def ref(self, h: Key, /) -> int | None:
         if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
             return None
         return self._refs.get(h, 0)
 
-    def tag_of(self, h: Key) -> int:
+    def tag_of(self, h: Key, /) -> int:
         return self._tag.get(h, NO_TAG)
 
-    def tags(self, hashes: Iterable[Key]) -> list[int]:
+    def tags(self, hashes: Iterable[Key], /) -> list[int]:
         get = self._tag.get
         return [get(h, NO_TAG) for h in hashes]
 
-    def size(self, tag: int) -> int:
+    def size(self, tag: int, /) -> int:
         tag = _any_tag(tag)
         if tag < RESIDENT_TAGS:
             return len(self._main[tag]) + len(self._aside[tag])
         return len(self._ghosts[tag - RESIDENT_TAGS])
 
-    def lookup(self, hashes: Iterable[Key]) -> int:
+    def lookup(self, hashes: Iterable[Key], /) -> int:
         tag, refs = self._tag, self._refs
         n = 0
         for h in hashes:
@@ -139,18 +176,18 @@ class PyBlockTable:
             n += 1
         return n
 
-    def absent(self, hashes: Iterable[Key]) -> list[Key]:
+    def absent(self, hashes: Iterable[Key], /) -> list[Key]:
         get = self._tag.get
         return [h for h in hashes if get(h, TAGS) >= RESIDENT_TAGS]
 
-    def items(self, tag: int) -> list[tuple[Key, Handle]]:
+    def items(self, tag: int, /) -> list[tuple[Key, Handle]]:
         tag = _any_tag(tag)
         if tag >= RESIDENT_TAGS:
             return list(self._ghosts[tag - RESIDENT_TAGS].items())
         aside = sorted(self._aside[tag].items(), key=lambda item: item[1][0])
         return [(h, handle) for h, (_, handle) in aside] + list(self._main[tag].items())
 
-    def keys(self, tag: int) -> list[Key]:
+    def keys(self, tag: int, /) -> list[Key]:
         return [h for h, _ in self.items(tag)]
 
     def memory_bytes(self) -> int:
@@ -240,11 +277,13 @@ class PyBlockTable:
         self._resident -= 1
         return handle
 
-    def insert(self, hashes: Sequence[Key], handles: Sequence[Handle], tag: Any) -> None:
+    def insert(
+        self, hashes: Iterable[Key], handles: Iterable[Handle], tag: int | Iterable[int]
+    ) -> None:
         hashes, handles = list(hashes), list(handles)
         if len(hashes) != len(handles):
             raise ValueError(f"{len(hashes)} hashes but {len(handles)} handles")
-        if type(tag) is int:
+        if isinstance(tag, int):
             tags = [_resident_tag(tag)] * len(hashes)
         else:
             tags = [_resident_tag(t) for t in tag]
@@ -266,7 +305,7 @@ class PyBlockTable:
         self._resident += len(hashes)
         self.in_flight += len(hashes)
 
-    def complete(self, hashes: Iterable[Key]) -> list[Key]:
+    def complete(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
@@ -276,12 +315,12 @@ class PyBlockTable:
         self.in_flight -= len(done)
         return done
 
-    def fail(self, hashes: Iterable[Key]) -> list[Handle]:
+    def fail(self, hashes: Iterable[Key], /) -> list[Handle]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         return [self._drop(h) for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
 
-    def pin(self, hashes: Iterable[Key]) -> list[Handle]:
+    def pin(self, hashes: Iterable[Key], /) -> list[Handle]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         for h in hashes:
@@ -299,7 +338,7 @@ class PyBlockTable:
             handles.append(self._handle(h, tag))
         return handles
 
-    def unpin(self, hashes: Iterable[Key]) -> list[Key]:
+    def unpin(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         for h, k in Counter(hashes).items():
@@ -317,7 +356,7 @@ class PyBlockTable:
             self._ready_again(h)
         return released
 
-    def remove(self, h: Key) -> Handle:
+    def remove(self, h: Key, /) -> Handle:
         if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
             return None
         return self._drop(h)
@@ -343,14 +382,8 @@ class PyBlockTable:
             main[h] = self._detach(h, self._tag[h])
             self._tag[h] = tag
 
-    def clear_tag(self, tag: int) -> None:
-        ghosts = self._ghosts[_ghost_tag(tag)]
-        for h in ghosts:
-            del self._tag[h]
-        ghosts.clear()
-
     def trim(self, tag: int, keep: int) -> int:
-        ghosts = self._ghosts[_ghost_tag(tag)]
+        ghosts = self._ghosts[_ghost_tag(tag) - RESIDENT_TAGS]
         if type(keep) is not int or keep < 0:
             raise ValueError(f"keep must be an int >= 0, got {keep!r}")
         drop = max(0, len(ghosts) - keep)
@@ -361,12 +394,21 @@ class PyBlockTable:
 
     # -- touch ----------------------------------------------------------------
 
-    def set_touch_rules(self, ready: Sequence[int], in_flight: Sequence[int], ghosts: bool) -> None:
-        rules = (_rules("ready", ready, stay=False), _rules("in_flight", in_flight, stay=True))
-        self._ready_to, self._in_flight_to = rules
-        self._touch_ghosts = bool(ghosts)
+    def set_touch_rules(self, rules: TouchRules, /) -> None:
+        if not isinstance(rules, TouchRules):
+            raise TypeError(f"set_touch_rules() takes a TouchRules, got {rules!r}")
+        self._ready_to, self._in_flight_to = rules.moves()
+        self._touch_ghosts = rules.ghosts
 
-    def touch(self, hashes: Sequence[Key]) -> list[int] | None:
+    def forget_policy(self) -> None:
+        for ghosts in self._ghosts:
+            for h in ghosts:
+                del self._tag[h]
+            ghosts.clear()
+        self._ready_to, self._in_flight_to = _DEFAULT_MOVES
+        self._touch_ghosts = False
+
+    def touch(self, hashes: Iterable[Key], /) -> list[int] | None:
         tags, refs, mains = self._tag, self._refs, self._main
         hits: list[int] | None = None
         # every hash is looked up before anything moves (a key whose hash
@@ -397,27 +439,26 @@ class PyBlockTable:
     def evict(
         self,
         a: int,
-        b: int,
-        first: int,
         n: int,
         protected: Container[Key],
-        ghost_a: int = -1,
-        ghost_b: int = -1,
+        *,
+        b: int | None = None,
+        first: int | None = None,
+        ghost_a: int | None = None,
+        ghost_b: int | None = None,
     ) -> tuple[list[Key], list[Handle], int] | None:
         a = _resident_tag(a)
-        lists = [a] if b == -1 else [a, _resident_tag(b)]
+        lists = [a] if b is None else [a, _resident_tag(b)]
         if b == a:
-            raise ValueError(f"a and b must be different tags, got {a} twice")
-        ghost_of = [ghost_a, ghost_b]
-        for g in ghost_of[: len(lists)]:
-            if g != -1:
-                _ghost_tag(g)
-        for name, value in (("first", first), ("n", n)):
-            if type(value) is not int:
-                raise TypeError(f"{name} must be an int, got {value!r}")
+            raise ValueError(f"a and b must be different lists, got {a} twice")
+        ghost_of = [None if g is None else _ghost_tag(g) for g in (ghost_a, ghost_b)]
+        if type(n) is not int:
+            raise TypeError(f"n must be an int, got {n!r}")
+        if first is not None and type(first) is not int:
+            raise TypeError(f"first must be an int or None, got {first!r}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        first = max(0, min(first, n))
+        first = n if first is None else max(0, min(first, n))
         if n == 0:
             return [], [], 0
         if n > sum(len(self._main[t]) + self._aside_ready[t] for t in lists):
@@ -473,7 +514,7 @@ class PyBlockTable:
                 self._detach(h, t)
                 hashes.append(h)
                 handles.append(handle)
-                if ghost == -1:
+                if ghost is None:
                     del self._tag[h]
                 else:
                     self._tag[h] = ghost
@@ -535,19 +576,20 @@ def _choose() -> tuple[type, str]:
 _CHOSEN = _choose()
 #: which block table managers use: ``"c"`` or ``"python"``
 IMPLEMENTATION: str = _CHOSEN[1]
-if TYPE_CHECKING:  # both have PyBlockTable's interface
-    BlockTable = PyBlockTable
+if TYPE_CHECKING:  # both have the interface kvoffload/_table.pyi declares
+    from kvoffload._table import BlockTable
 else:
     #: the block table a manager uses: the C one when it was built
     BlockTable = _CHOSEN[0]
 
 __all__ = [
-    "DEFAULT_TOUCH_RULES",
     "IMPLEMENTATION",
     "NO_TAG",
     "RESIDENT_TAGS",
+    "STAY",
     "TAGS",
     "BlockTable",
     "PyBlockTable",
     "TableList",
+    "TouchRules",
 ]

@@ -48,8 +48,9 @@ def test_guide_example_is_a_working_policy(monkeypatch: pytest.MonkeyPatch) -> N
     out = m.prepare_store(hashes[3:5])
     assert out is not None and out.block_hashes_evicted == [hashes[0], hashes[2]]
     assert m.lookup([hashes[1]]) == 1
+    assert m.stats().lists == {"fifo": 3}  # the list's name, as the IntEnum says
     m.switch_policy("lru")  # live switch out of the new policy keeps every block
-    assert len(m) == 3 and m.stats().counters.evictions["fifo"] == 2
+    assert len(m) == 3 and m.stats().counters.evictions == {"fifo": 2, "lru": 0}
 
 
 def test_guide_example_runs_through_replay_import(tmp_path: Path) -> None:

@@ -121,8 +121,9 @@ def test_lru_blocks_passed_by_an_eviction_scan_keep_their_places() -> None:
 
 def test_lru_policy_lists_and_seed() -> None:
     p = LRUPolicy(4, BlockTable())
-    assert p.list_names == ("lru",)
     assert p.list_sizes() == {"lru": 0}
+    assert (p.evictions, p.ghost_hits) == ({"lru": 0}, {})
+    assert p.touch == p.table.touch  # the table's own method: no Python frame
     m = LRUOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
     m.touch(bhs(1))
