@@ -16,7 +16,7 @@ class LRUList(IntEnum):
     LRU = 0  # the one list, least recently used first
 
 
-LRU = LRUList.LRU
+LRU = int(LRUList.LRU)  # a plain int is quicker to pass to the table
 
 
 class LRUPolicy(EvictionPolicy):
