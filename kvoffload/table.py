@@ -309,9 +309,11 @@ class PyBlockTable:
         hashes = self._resident_list(hashes)
         refs = self._refs
         done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
+        aside = any(self._aside)  # else no entry can be set aside (the usual case)
         for h in done:
             del refs[h]
-            self._ready_again(h)
+            if aside:
+                self._ready_again(h)
         self.in_flight -= len(done)
         return done
 
@@ -327,12 +329,13 @@ class PyBlockTable:
             if refs.get(h, 0) < 0:
                 raise ValueError(h)
         handles = []
+        aside = any(self._aside)
         for h in hashes:
             n = refs.get(h, 0)
             tag = self._tag[h]
             if not n:
                 self.pinned += 1
-                if h in self._aside[tag]:
+                if aside and h in self._aside[tag]:
                     self._aside_ready[tag] -= 1  # its heap pair goes stale
             refs[h] = n + 1
             handles.append(self._handle(h, tag))
@@ -345,6 +348,7 @@ class PyBlockTable:
             if refs.get(h, 0) < k:
                 raise ValueError(h)
         released = []
+        aside = any(self._aside)
         for h in hashes:
             n = refs[h] - 1
             if n:
@@ -353,7 +357,8 @@ class PyBlockTable:
             del refs[h]
             self.pinned -= 1
             released.append(h)
-            self._ready_again(h)
+            if aside:
+                self._ready_again(h)
         return released
 
     def remove(self, h: Key, /) -> Handle:
@@ -471,6 +476,8 @@ class PyBlockTable:
         taken: list[list[tuple[int, Key]]] = [[] for _ in lists]
         walks = [
             chain(self._ready_aside(t, taken[i]), self._main[t].items())
+            if self._heap[t]
+            else iter(self._main[t].items())
             for i, t in enumerate(lists)
         ]
         passed: list[list[Key]] = [[] for _ in lists]  # entries in line walked past
@@ -500,18 +507,22 @@ class PyBlockTable:
             ok = sum(map(len, victims)) == n
         finally:
             for i, t in enumerate(lists):
-                gone = {h for h, _ in victims[i]} if ok else set()
-                for stamp, h in taken[i]:
-                    if h not in gone:
-                        self._queue(t, h, stamp)
+                if taken[i]:  # popped from the heap: back unless evicted
+                    gone = {h for h, _ in victims[i]} if ok else set()
+                    for stamp, h in taken[i]:
+                        if h not in gone:
+                            self._queue(t, h, stamp)
         if not ok:
             return None
         hashes: list[Key] = []
         handles: list[Handle] = []
         for i, t in enumerate(lists):
-            ghost = ghost_of[i]
+            ghost, main = ghost_of[i], self._main[t]
             for h, handle in victims[i]:
-                self._detach(h, t)
+                if h in main:
+                    del main[h]
+                else:
+                    self._detach(h, t)
                 hashes.append(h)
                 handles.append(handle)
                 if ghost is None:
@@ -519,7 +530,6 @@ class PyBlockTable:
                 else:
                     self._tag[h] = ghost
                     self._ghosts[ghost - RESIDENT_TAGS][h] = None
-            main = self._main[t]
             for h in passed[i]:  # in walking order: later stamps than any before
                 self._set_aside(h, t, main.pop(h), self._late)
                 self._late += 1
