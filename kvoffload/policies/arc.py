@@ -7,8 +7,8 @@ shrinks it by ``max(1, |B1|/|B2|)``. Eviction takes T1's oldest evictable
 block while ``len(T1) >= int(target_t1_size)``, else T2's, falling back to
 the other list when the preferred one has nothing evictable.
 
-T1 and T2 are lists of the manager's :class:`~kvoffload.table.BlockTable`
-(tags 0 and 1), B1 and B2 its ghost lists (tags 4 and 5). A busy block an
+T1 and T2 are lists of the manager's :class:`~kvoffload.table.BlockTable`,
+B1 and B2 its ghost lists (:class:`ARCList` names them). A busy block an
 eviction passes keeps its place in its list, as in vLLM, and later
 evictions skip it until it is ready again.
 """
