@@ -349,7 +349,7 @@ def _ghosts(m: PolicyOffloadingManager, keys: Sequence[BlockHash]) -> None:
     table, n = m.table, len(keys)
     table.insert(keys, list(range(n)), unused_list)
     table.complete(keys)
-    assert table.evict(unused_list, -1, n, n, (), unused_ghosts) is not None
+    assert table.evict(unused_list, n, (), ghost_a=unused_ghosts) is not None
     assert len(table) == 0 and table.size(unused_ghosts) == n
 
 

@@ -90,7 +90,7 @@ def table_verbs(make: Callable[[], Any], w: Workload) -> dict[str, Verb]:
 
     def store() -> int:
         for hashes in next(stores):
-            churn.evict(0, -1, batch, batch, ())
+            churn.evict(0, batch, ())
             churn.insert(hashes, handles, 0)
             churn.complete(hashes)
         return w.calls * batch

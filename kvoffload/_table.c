@@ -9,11 +9,21 @@
  * ------
  * Every entry (a resident block or a ghost) is one slot of a growable array
  * of `Entry`. Free slots are chained through `next`; slots at and above
- * `top` have never been used. Each entry sits on exactly one of 16
- * intrusive doubly-linked lists: list `2*tag + parked` (the main and parked
- * orders of the resident tags 0..3, and the single order of the ghost tags
- * 4..7, whose "parked" list stays empty). Lists run oldest (head) to most
- * recent (tail).
+ * `top` have never been used. An entry is either *in line* on the
+ * intrusive doubly-linked list of its tag (8 lists, oldest at the head,
+ * most recent at the tail) or, for a resident tag, *set aside*: an eviction
+ * walked past it (busy or protected) or `move` put it at the oldest end.
+ * Entries set aside are older than every entry in line of their tag (an
+ * eviction takes in-line entries from the oldest end, so every entry it
+ * passes is older than the ones left), and ordered among themselves by a
+ * stamp given when they were set aside (later stamps for evictions,
+ * earlier ones for `move`). Each resident tag keeps them in an `Aside`
+ * array of (stamp, entry) records: its first `ready` records are a binary
+ * min-heap by stamp of the ones that are ready (evictable), the rest the
+ * busy ones in no order; an entry set aside holds its record's position in
+ * `prev`. So an eviction takes the ready entries set aside in order in
+ * O(log n) each and never looks at a busy one, and a busy entry that
+ * becomes ready again is back in its place in vLLM's order in O(log n).
  *
  * The index is an open-addressing hash table of int32 entry numbers (-1:
  * empty), a power of two in size, linear probing from a Fibonacci hash of
@@ -36,7 +46,7 @@
  * key's __eq__ mutating that list cannot free them under us.
  *
  * References the table drops (keys of removed entries) are not released
- * in phase 2: they are parked in `trash` (room reserved in phase 1) and
+ * in phase 2: they are kept in `trash` (room reserved in phase 1) and
  * released when the method is done, with `in_call` cleared, so a key's
  * __del__ sees a consistent table and may even use it.
  *
@@ -53,25 +63,24 @@
 
 #define N_RESIDENT 4
 #define N_TAGS 8
-#define N_LISTS 16
-#define MAIN(tag) ((tag) * 2)
-#define PARKED(tag) ((tag) * 2 + 1)
 #define MIN_CAP 8
 #define MIN_BITS 4
 #define MAX_ENTRIES (INT32_MAX - 1)
 /* keys a call snapshots on the stack before it needs the heap */
 #define SMALL_ITEMS 32
 #define SMALL_WALK 64
+#define SMALL_FRONT 32
+#define MIN_ASIDE 16
 
 typedef struct {
     PyObject *key;    /* strong; NULL in a free slot */
     Py_hash_t hash;   /* hash(key), computed once when the entry was made */
     PyObject *handle; /* strong; NULL for a ghost (and a free slot) */
-    int32_t prev;     /* list neighbours, -1 at the ends */
-    int32_t next;     /* (a free slot: the next free slot) */
+    int32_t prev;     /* list neighbours, -1 at the ends (set aside: its */
+    int32_t next;     /* record's position); a free slot: the next free slot */
     int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned */
     uint8_t tag;      /* 0..3 resident, 4..7 ghost */
-    uint8_t parked;   /* on its tag's parked order */
+    uint8_t aside;    /* set aside (not on its tag's list) */
 } Entry;
 
 _Static_assert(sizeof(Entry) <= 40, "an Entry must stay within 40 bytes");
@@ -81,6 +90,19 @@ typedef struct {
     int32_t tail; /* most recent */
     Py_ssize_t size;
 } List;
+
+typedef struct {
+    int64_t stamp;
+    int32_t ix;
+} Rec;
+
+/* the entries set aside in one resident tag */
+typedef struct {
+    Rec *v;        /* [0, ready): a min-heap by stamp; [ready, n): busy */
+    int32_t n;
+    int32_t ready;
+    int32_t cap;
+} Aside;
 
 typedef struct {
     PyObject_HEAD
@@ -96,10 +118,12 @@ typedef struct {
     Py_ssize_t pinned;
     Py_ssize_t in_flight;
     Py_ssize_t walked; /* entries evictions walked past (a statistic) */
-    List lists[N_LISTS];
+    List lists[N_TAGS];
+    Aside aside[N_RESIDENT];
+    int64_t late;      /* the next stamp of an eviction (counts up) */
+    int64_t early;     /* the next stamp of a move to the oldest end (down) */
     int8_t ready_to[N_RESIDENT];
     int8_t in_flight_to[N_RESIDENT];
-    int8_t parked_to[N_RESIDENT];
     char touch_ghosts;
     char in_call;
     PyObject **trash; /* references to drop once the current call is done */
@@ -142,12 +166,12 @@ raise_key(PyObject *type, PyObject *key)
 /* ------------------------------------------------------------------------ */
 /* tags and integers (messages as kvoffload.table's)                        */
 
-/* an exact int in [lo, hi) (no bool, no int subclass); -1 with ValueError
-   "<what> must be <lo>..<hi-1>, got <repr>" otherwise */
+/* an int in [lo, hi) (an IntEnum member too, not a bool): 0 with *out set,
+   1 if it is not one, -1 with an exception */
 static int
-exact_int_in(PyObject *o, long lo, long hi, long *out)
+int_in(PyObject *o, long lo, long hi, long *out)
 {
-    if (PyLong_CheckExact(o)) {
+    if (PyLong_Check(o) && !PyBool_Check(o)) {
         int overflow;
         long v = PyLong_AsLongAndOverflow(o, &overflow);
         if (!overflow && v >= lo && v < hi) {
@@ -164,7 +188,7 @@ static int
 resident_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, 0, N_RESIDENT, &v);
+    int r = int_in(o, 0, N_RESIDENT, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -178,7 +202,7 @@ static int
 ghost_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, N_RESIDENT, N_TAGS, &v);
+    int r = int_in(o, N_RESIDENT, N_TAGS, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -192,7 +216,7 @@ static int
 any_tag(PyObject *o, int *out)
 {
     long v;
-    int r = exact_int_in(o, 0, N_TAGS, &v);
+    int r = int_in(o, 0, N_TAGS, &v);
     if (r == 0) {
         *out = (int)v;
         return 0;
@@ -200,23 +224,6 @@ any_tag(PyObject *o, int *out)
     if (r > 0)
         PyErr_Format(PyExc_ValueError, "tag must be 0..7, got %R", o);
     return -1;
-}
-
-/* `o == -1` as Python says it (an exact int fast) */
-static int
-is_minus_one(PyObject *o)
-{
-    if (PyLong_CheckExact(o)) {
-        int overflow;
-        long v = PyLong_AsLongAndOverflow(o, &overflow);
-        return !overflow && v == -1;
-    }
-    PyObject *m1 = PyLong_FromLong(-1);
-    if (m1 == NULL)
-        return -1;
-    int r = PyObject_RichCompareBool(o, m1, Py_EQ);
-    Py_DECREF(m1);
-    return r;
 }
 
 /* `list(obj)`, except that an exact list or tuple is used as it is */
@@ -231,45 +238,73 @@ as_seq(PyObject *obj)
 /* ------------------------------------------------------------------------ */
 /* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
 
+#define MAX_ARGS 7
+
+/* a method's arguments: the first `nreq` required, at most `npos`
+   positional, the rest keyword-only */
+typedef struct {
+    const char *fname;
+    const char *names[MAX_ARGS];
+    int nreq, npos, nmax;
+    PyObject *interned[MAX_ARGS]; /* the names, interned on first use */
+} Sig;
+
+/* the argument of keyword `name`, or -1 (an exception set if one occurred) */
 static int
-parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-           const char *const *names, int nreq, int nmax, PyObject **out)
+keyword_index(Sig *sig, PyObject *name)
 {
-    for (int i = 0; i < nmax; i++)
+    for (int j = 0; j < sig->nmax; j++) {
+        if (sig->interned[j] == name) /* the usual case: both interned */
+            return j;
+    }
+    for (int j = 0; j < sig->nmax; j++) {
+        if (PyUnicode_Compare(name, sig->interned[j]) == 0)
+            return j;
+    }
+    if (PyErr_Occurred())
+        return -1;
+    PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", sig->fname,
+                 name);
+    return -1;
+}
+
+static int
+parse_args(Sig *sig, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **out)
+{
+    for (int i = 0; i < sig->nmax; i++)
         out[i] = NULL;
-    if (nargs > nmax) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname,
-                     nmax, nargs);
+    if (nargs > sig->npos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)",
+                     sig->fname, sig->npos, nargs);
         return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++)
         out[i] = args[i];
     if (kwnames != NULL) {
+        if (sig->interned[0] == NULL) {
+            for (int j = 0; j < sig->nmax; j++) {
+                sig->interned[j] = PyUnicode_InternFromString(sig->names[j]);
+                if (sig->interned[j] == NULL)
+                    return -1;
+            }
+        }
         Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
         for (Py_ssize_t k = 0; k < nkw; k++) {
-            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
-            int j;
-            for (j = 0; j < nmax; j++) {
-                if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0)
-                    break;
-            }
-            if (j == nmax) {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
-                             fname, name);
+            int j = keyword_index(sig, PyTuple_GET_ITEM(kwnames, k));
+            if (j < 0)
                 return -1;
-            }
             if (out[j] != NULL) {
                 PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
-                             fname, names[j]);
+                             sig->fname, sig->names[j]);
                 return -1;
             }
             out[j] = args[nargs + k];
         }
     }
-    for (int j = 0; j < nreq; j++) {
+    for (int j = 0; j < sig->nreq; j++) {
         if (out[j] == NULL) {
             PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
-                         fname, names[j], j + 1);
+                         sig->fname, sig->names[j], j + 1);
             return -1;
         }
     }
@@ -459,7 +494,7 @@ list_unlink(BlockTable *t, int32_t ix)
 {
     Entry *E = t->entries;
     Entry *e = &E[ix];
-    List *l = &t->lists[e->tag * 2 + e->parked];
+    List *l = &t->lists[e->tag];
     if (e->prev >= 0)
         E[e->prev].next = e->next;
     else
@@ -471,15 +506,15 @@ list_unlink(BlockTable *t, int32_t ix)
     l->size--;
 }
 
-/* to the most recent end of list L (which sets the entry's tag and parked) */
+/* in line at the most recent end of list L (which sets the entry's tag) */
 static inline void
 list_append(BlockTable *t, int32_t ix, int L)
 {
     Entry *E = t->entries;
     Entry *e = &E[ix];
     List *l = &t->lists[L];
-    e->tag = (uint8_t)(L >> 1);
-    e->parked = (uint8_t)(L & 1);
+    e->tag = (uint8_t)L;
+    e->aside = 0;
     e->next = -1;
     e->prev = l->tail;
     if (l->tail >= 0)
@@ -490,28 +525,171 @@ list_append(BlockTable *t, int32_t ix, int L)
     l->size++;
 }
 
-/* to the oldest end of list L */
+/* ------------------------------------------------------------------------ */
+/* entries set aside                                                        */
+
 static inline void
-list_prepend(BlockTable *t, int32_t ix, int L)
+rec_put(BlockTable *t, Aside *A, int32_t pos, Rec r)
 {
-    Entry *E = t->entries;
-    Entry *e = &E[ix];
-    List *l = &t->lists[L];
-    e->tag = (uint8_t)(L >> 1);
-    e->parked = (uint8_t)(L & 1);
+    A->v[pos] = r;
+    t->entries[r.ix].prev = pos;
+}
+
+static void
+heap_up(BlockTable *t, Aside *A, int32_t pos)
+{
+    Rec r = A->v[pos];
+    while (pos > 0) {
+        int32_t parent = (pos - 1) / 2;
+        if (A->v[parent].stamp < r.stamp)
+            break;
+        rec_put(t, A, pos, A->v[parent]);
+        pos = parent;
+    }
+    rec_put(t, A, pos, r);
+}
+
+static void
+heap_down(BlockTable *t, Aside *A, int32_t pos)
+{
+    Rec r = A->v[pos];
+    for (;;) {
+        int32_t c = 2 * pos + 1;
+        if (c >= A->ready)
+            break;
+        if (c + 1 < A->ready && A->v[c + 1].stamp < A->v[c].stamp)
+            c++;
+        if (r.stamp < A->v[c].stamp)
+            break;
+        rec_put(t, A, pos, A->v[c]);
+        pos = c;
+    }
+    rec_put(t, A, pos, r);
+}
+
+/* room for k more records of tag `tag`; -1 with MemoryError */
+static int
+aside_reserve(BlockTable *t, int tag, Py_ssize_t k)
+{
+    Aside *A = &t->aside[tag];
+    if (k <= (Py_ssize_t)A->cap - A->n)
+        return 0;
+    Py_ssize_t nc = (Py_ssize_t)A->cap * 2;
+    if (nc < A->n + k)
+        nc = A->n + k;
+    if (nc < MIN_ASIDE)
+        nc = MIN_ASIDE;
+    Rec *nv = nc <= MAX_ENTRIES ? PyMem_Realloc(A->v, (size_t)nc * sizeof(Rec)) : NULL;
+    if (nv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    A->v = nv;
+    A->cap = (int32_t)nc;
+    return 0;
+}
+
+/* set the unlinked resident entry ix aside in tag `tag` (room reserved) */
+static void
+aside_add(BlockTable *t, int32_t ix, int tag, int64_t stamp)
+{
+    Aside *A = &t->aside[tag];
+    Entry *e = &t->entries[ix];
+    Rec r = {stamp, ix};
+    e->tag = (uint8_t)tag;
+    e->aside = 1;
+    e->next = -1;
+    if (e->ref != 0) {
+        rec_put(t, A, A->n++, r);
+        return;
+    }
+    if (A->ready < A->n) /* the first busy record makes room at the end */
+        rec_put(t, A, A->n, A->v[A->ready]);
+    A->n++;
+    rec_put(t, A, A->ready++, r);
+    heap_up(t, A, A->ready - 1);
+}
+
+/* an entry set aside became busy (was ready): out of the heap */
+static void
+aside_busy(BlockTable *t, int32_t ix)
+{
+    Aside *A = &t->aside[t->entries[ix].tag];
+    int32_t pos = t->entries[ix].prev, last = --A->ready;
+    Rec r = A->v[pos];
+    if (pos != last) {
+        rec_put(t, A, pos, A->v[last]);
+        if (pos > 0 && A->v[(pos - 1) / 2].stamp > A->v[pos].stamp)
+            heap_up(t, A, pos);
+        else
+            heap_down(t, A, pos);
+    }
+    rec_put(t, A, last, r); /* the first busy slot */
+}
+
+/* an entry set aside became ready (was busy): into the heap */
+static void
+aside_ready(BlockTable *t, int32_t ix)
+{
+    Aside *A = &t->aside[t->entries[ix].tag];
+    int32_t pos = t->entries[ix].prev;
+    Rec r = A->v[pos];
+    if (pos != A->ready)
+        rec_put(t, A, pos, A->v[A->ready]);
+    rec_put(t, A, A->ready++, r);
+    heap_up(t, A, A->ready - 1);
+}
+
+/* take an entry set aside out of its tag's records */
+static void
+aside_remove(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    Aside *A = &t->aside[e->tag];
+    if (e->prev < A->ready)
+        aside_busy(t, ix);
+    int32_t pos = e->prev, last = --A->n;
+    if (pos != last)
+        rec_put(t, A, pos, A->v[last]);
+    e->aside = 0;
     e->prev = -1;
-    e->next = l->head;
-    if (l->head >= 0)
-        E[l->head].prev = ix;
+}
+
+/* out of its tag's order, wherever it is in it */
+static inline void
+entry_detach(BlockTable *t, int32_t ix)
+{
+    if (t->entries[ix].aside)
+        aside_remove(t, ix);
     else
-        l->tail = ix;
-    l->head = ix;
-    l->size++;
+        list_unlink(t, ix);
+}
+
+/* give back the memory of records no longer needed */
+static void
+aside_shrink(BlockTable *t)
+{
+    for (int tag = 0; tag < N_RESIDENT; tag++) {
+        Aside *A = &t->aside[tag];
+        if (A->n == 0 && A->cap > 0) {
+            PyMem_Free(A->v);
+            A->v = NULL;
+            A->cap = 0;
+        }
+        else if (A->cap > MIN_ASIDE && A->n * 4 < A->cap) {
+            int32_t nc = A->n * 2 < MIN_ASIDE ? MIN_ASIDE : A->n * 2;
+            Rec *nv = PyMem_Realloc(A->v, (size_t)nc * sizeof(Rec));
+            if (nv != NULL) { /* else keep the larger array */
+                A->v = nv;
+                A->cap = nc;
+            }
+        }
+    }
 }
 
 /* renumber the live entries into a new array of `newcap` slots (list by
-   list, so lists become runs) and rebuild the index; nothing happens when
-   memory is short */
+   list, so lists become runs, then the entries set aside) and rebuild the
+   index; nothing happens when memory is short */
 static void
 tbl_compact(BlockTable *t, int32_t newcap)
 {
@@ -526,7 +704,7 @@ tbl_compact(BlockTable *t, int32_t newcap)
     }
     Entry *E = t->entries;
     int32_t k = 0;
-    for (int L = 0; L < N_LISTS; L++) {
+    for (int L = 0; L < N_TAGS; L++) {
         List *l = &t->lists[L];
         int32_t ix = l->head, prev = -1;
         if (ix < 0)
@@ -543,6 +721,14 @@ tbl_compact(BlockTable *t, int32_t newcap)
             ix = nx;
         }
         l->tail = prev;
+    }
+    for (int tag = 0; tag < N_RESIDENT; tag++) {
+        Aside *A = &t->aside[tag];
+        for (int32_t i = 0; i < A->n; i++) {
+            ne[k] = E[A->v[i].ix];
+            ne[k].prev = i;
+            A->v[i].ix = k++;
+        }
     }
     PyMem_Free(E);
     t->entries = ne;
@@ -569,6 +755,7 @@ tbl_shrink(BlockTable *t)
     else if (t->bits > MIN_BITS && (size_t)t->used * 8 < ((size_t)1 << t->bits)) {
         (void)index_rebuild(t, bits_for(2 * (Py_ssize_t)t->used));
     }
+    aside_shrink(t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -632,7 +819,7 @@ drop_resident(BlockTable *t, int32_t ix)
     else if (e->ref < 0)
         t->in_flight--;
     t->resident--;
-    list_unlink(t, ix);
+    entry_detach(t, ix);
     index_del(t, ix);
     trash_push(t, e->key);
     entry_free(t, ix);
@@ -791,12 +978,17 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->free_head = -1;
     t->bits = MIN_BITS;
     t->mask = size - 1;
-    for (int L = 0; L < N_LISTS; L++) {
+    for (int L = 0; L < N_TAGS; L++) {
         t->lists[L].head = t->lists[L].tail = -1;
         t->lists[L].size = 0;
     }
-    for (int i = 0; i < N_RESIDENT; i++)
-        t->ready_to[i] = t->in_flight_to[i] = t->parked_to[i] = (int8_t)i;
+    for (int i = 0; i < N_RESIDENT; i++) {
+        t->aside[i].v = NULL;
+        t->aside[i].n = t->aside[i].ready = t->aside[i].cap = 0;
+        t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
+    }
+    t->late = 0;
+    t->early = -1;
     t->touch_ghosts = 0;
     t->in_call = 0;
     t->trash = NULL;
@@ -815,6 +1007,8 @@ BT_dealloc(BlockTable *t)
     t->index = NULL;
     trash_flush(t);
     PyMem_Free(t->trash);
+    for (int i = 0; i < N_RESIDENT; i++)
+        PyMem_Free(t->aside[i].v);
     if (E != NULL) {
         for (int32_t i = 0; i < top; i++) {
             Py_XDECREF(E[i].key);
@@ -940,20 +1134,7 @@ BT_size(BlockTable *t, PyObject *tag)
         return NULL;
     if (t->in_call)
         return reentered();
-    if (tg < N_RESIDENT)
-        return PyLong_FromSsize_t(t->lists[MAIN(tg)].size + t->lists[PARKED(tg)].size);
-    return PyLong_FromSsize_t(t->lists[MAIN(tg)].size);
-}
-
-static PyObject *
-BT_parked_size(BlockTable *t, PyObject *tag)
-{
-    int tg;
-    if (any_tag(tag, &tg) < 0)
-        return NULL;
-    if (t->in_call)
-        return reentered();
-    return PyLong_FromSsize_t(tg < N_RESIDENT ? t->lists[PARKED(tg)].size : 0);
+    return PyLong_FromSsize_t(t->lists[tg].size + (tg < N_RESIDENT ? t->aside[tg].n : 0));
 }
 
 static PyObject *
@@ -1026,7 +1207,24 @@ done:
     return leave(t, &b, seq, res);
 }
 
-/* items(tag) (pairs true) or keys(tag) */
+static int
+by_stamp(const void *x, const void *y)
+{
+    int64_t a = ((const Rec *)x)->stamp, b = ((const Rec *)y)->stamp;
+    return (a > b) - (a < b);
+}
+
+/* the item of entry ix for items(tag) (pairs true) or keys(tag) */
+static inline PyObject *
+item_of(Entry *e, int pairs)
+{
+    if (pairs)
+        return PyTuple_Pack(2, e->key, e->handle != NULL ? e->handle : Py_None);
+    return Py_NewRef(e->key);
+}
+
+/* items(tag) (pairs true) or keys(tag): the entries set aside by stamp,
+   then the list */
 static PyObject *
 list_of_tag(BlockTable *t, PyObject *tag, int pairs)
 {
@@ -1034,30 +1232,38 @@ list_of_tag(BlockTable *t, PyObject *tag, int pairs)
     if (any_tag(tag, &tg) < 0)
         return NULL;
     ENTER(t);
-    Py_ssize_t n = t->lists[MAIN(tg)].size + (tg < N_RESIDENT ? t->lists[PARKED(tg)].size : 0);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        t->in_call = 0;
-        return NULL;
-    }
-    Py_ssize_t k = 0;
-    int nlists = tg < N_RESIDENT ? 2 : 1;
-    for (int p = 0; p < nlists; p++) {
-        for (int32_t ix = t->lists[MAIN(tg) + p].head; ix >= 0; ix = t->entries[ix].next) {
-            Entry *e = &t->entries[ix];
-            PyObject *o;
-            if (pairs)
-                o = PyTuple_Pack(2, e->key, e->handle != NULL ? e->handle : Py_None);
-            else
-                o = Py_NewRef(e->key);
-            if (o == NULL) {
-                Py_DECREF(out);
-                t->in_call = 0;
-                return NULL;
-            }
-            PyList_SET_ITEM(out, k++, o);
+    Py_ssize_t na = tg < N_RESIDENT ? t->aside[tg].n : 0, k = 0;
+    Rec *sorted = NULL;
+    PyObject *out = NULL;
+    if (na > 0) {
+        sorted = PyMem_Malloc((size_t)na * sizeof(Rec));
+        if (sorted == NULL) {
+            PyErr_NoMemory();
+            goto done;
         }
+        memcpy(sorted, t->aside[tg].v, (size_t)na * sizeof(Rec));
+        qsort(sorted, (size_t)na, sizeof(Rec), by_stamp);
     }
+    out = PyList_New(na + t->lists[tg].size);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < na; i++) {
+        PyObject *o = item_of(&t->entries[sorted[i].ix], pairs);
+        if (o == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, k++, o);
+    }
+    for (int32_t ix = t->lists[tg].head; ix >= 0; ix = t->entries[ix].next) {
+        PyObject *o = item_of(&t->entries[ix], pairs);
+        if (o == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, k++, o);
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyMem_Free(sorted);
     t->in_call = 0;
     return out;
 }
@@ -1074,18 +1280,26 @@ BT_keys(BlockTable *t, PyObject *tag)
     return list_of_tag(t, tag, 0);
 }
 
+/* the entry array, the index and the records of entries set aside */
+static size_t
+table_bytes(BlockTable *t)
+{
+    size_t bytes = (size_t)t->cap * sizeof(Entry) + ((size_t)1 << t->bits) * sizeof(int32_t);
+    for (int i = 0; i < N_RESIDENT; i++)
+        bytes += (size_t)t->aside[i].cap * sizeof(Rec);
+    return bytes;
+}
+
 static PyObject *
 BT_memory_bytes(BlockTable *t, PyObject *Py_UNUSED(ignored))
 {
-    size_t bytes = (size_t)t->cap * sizeof(Entry) + ((size_t)1 << t->bits) * sizeof(int32_t);
-    return PyLong_FromSize_t(bytes);
+    return PyLong_FromSize_t(table_bytes(t));
 }
 
 static PyObject *
 BT_sizeof(BlockTable *t, PyObject *Py_UNUSED(ignored))
 {
-    size_t bytes = (size_t)Py_TYPE(t)->tp_basicsize + (size_t)t->cap * sizeof(Entry) +
-                   ((size_t)1 << t->bits) * sizeof(int32_t) +
+    size_t bytes = (size_t)Py_TYPE(t)->tp_basicsize + table_bytes(t) +
                    (size_t)t->trash_cap * sizeof(PyObject *);
     return PyLong_FromSize_t(bytes);
 }
@@ -1146,9 +1360,9 @@ dupset_add(DupSet *s, Item *v, int32_t i)
 static PyObject *
 BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"hashes", "handles", "tag"};
+    static Sig sig = {"insert", {"hashes", "handles", "tag"}, 3, 3, 3, {NULL}};
     PyObject *a[3];
-    if (parse_args("insert", args, nargs, kwnames, names, 3, 3, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     PyObject *hs = NULL, *hd = NULL, *tg = NULL;
     Items b;
@@ -1171,7 +1385,7 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         goto fail;
     }
     int single = -1;
-    if (PyLong_CheckExact(a[2])) {
+    if (PyLong_Check(a[2])) {
         if (resident_tag(a[2], &single) < 0)
             goto fail;
     }
@@ -1210,7 +1424,7 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         b.v[i].obj = Py_NewRef(hsrc[i]);
         if (tg != NULL) {
             long v;
-            (void)exact_int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
+            (void)int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
             b.v[i].tag = (int32_t)v;
         }
         else {
@@ -1271,7 +1485,7 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         }
         e->handle = Py_NewRef(it->obj);
         e->ref = -1;
-        list_append(t, ix, MAIN(it->tag));
+        list_append(t, ix, it->tag);
     }
     t->resident += n;
     t->in_flight += n;
@@ -1352,6 +1566,8 @@ BT_complete(BlockTable *t, PyObject *hashes)
             if (e->ref == -1) {
                 e->ref = 0;
                 t->in_flight--;
+                if (e->aside)
+                    aside_ready(t, b.v[i].ix);
                 PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
             }
         }
@@ -1410,8 +1626,11 @@ BT_pin(BlockTable *t, PyObject *hashes)
         goto done;
     for (Py_ssize_t i = 0; i < b.n; i++) {
         Entry *e = &t->entries[b.v[i].ix];
-        if (e->ref++ == 0)
+        if (e->ref++ == 0) {
             t->pinned++;
+            if (e->aside)
+                aside_busy(t, b.v[i].ix);
+        }
         PyList_SET_ITEM(out, i, Py_NewRef(e->handle));
     }
 done:
@@ -1466,10 +1685,8 @@ BT_unpin(BlockTable *t, PyObject *hashes)
         if (--e->ref == 0) {
             t->pinned--;
             PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
-            if (e->parked) {
-                list_unlink(t, ix);
-                list_append(t, ix, MAIN(e->tag));
-            }
+            if (e->aside)
+                aside_ready(t, ix);
         }
     }
 done:
@@ -1477,7 +1694,7 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* remove, move, relist, clear_tag, trim                                    */
+/* remove, move, relist, trim, forget_policy                                */
 
 static PyObject *
 BT_remove(BlockTable *t, PyObject *key)
@@ -1502,10 +1719,10 @@ done:
 static PyObject *
 BT_move(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"h", "tag", "last"};
+    static Sig sig = {"move", {"h", "tag", "last"}, 2, 3, 3, {NULL}};
     PyObject *a[3];
     int tag;
-    if (parse_args("move", args, nargs, kwnames, names, 2, 3, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (resident_tag(a[1], &tag) < 0)
         return NULL;
@@ -1517,18 +1734,14 @@ BT_move(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         raise_key(PyExc_KeyError, a[0]);
         goto fail;
     }
-    if (t->entries[ix].parked) {
-        raise_key(PyExc_ValueError, a[0]);
-        goto fail;
-    }
     int last = a[2] == NULL ? 1 : PyObject_IsTrue(a[2]);
-    if (last < 0)
+    if (last < 0 || (!last && aside_reserve(t, tag, 1) < 0))
         goto fail;
-    list_unlink(t, ix);
+    entry_detach(t, ix);
     if (last)
-        list_append(t, ix, MAIN(tag));
-    else
-        list_prepend(t, ix, MAIN(tag));
+        list_append(t, ix, tag);
+    else /* the oldest end: set aside before every entry there */
+        aside_add(t, ix, tag, t->early--);
     t->in_call = 0;
     Py_RETURN_NONE;
 fail:
@@ -1539,10 +1752,10 @@ fail:
 static PyObject *
 BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"hashes", "tag"};
+    static Sig sig = {"relist", {"hashes", "tag"}, 2, 2, 2, {NULL}};
     PyObject *a[2];
     int tag;
-    if (parse_args("relist", args, nargs, kwnames, names, 2, 2, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (resident_tag(a[1], &tag) < 0)
         return NULL;
@@ -1553,8 +1766,8 @@ BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         return NULL;
     for (Py_ssize_t i = 0; i < b.n; i++) {
         int32_t ix = b.v[i].ix;
-        list_unlink(t, ix);
-        list_append(t, ix, MAIN(tag));
+        entry_detach(t, ix);
+        list_append(t, ix, tag);
     }
     return leave(t, &b, seq, Py_NewRef(Py_None));
 }
@@ -1563,7 +1776,7 @@ BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
 static Py_ssize_t
 drop_ghosts(BlockTable *t, int tag, Py_ssize_t keep)
 {
-    List *l = &t->lists[MAIN(tag)];
+    List *l = &t->lists[tag];
     Py_ssize_t dropped = 0;
     while (l->size > keep) {
         drop_ghost(t, l->head);
@@ -1573,15 +1786,19 @@ drop_ghosts(BlockTable *t, int tag, Py_ssize_t keep)
 }
 
 static PyObject *
-BT_clear_tag(BlockTable *t, PyObject *tag)
+BT_forget_policy(BlockTable *t, PyObject *Py_UNUSED(ignored))
 {
-    int tg;
-    if (ghost_tag(tag, &tg) < 0)
-        return NULL;
     ENTER(t);
+    Py_ssize_t ghosts = 0;
+    for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
+        ghosts += t->lists[tag].size;
     PyObject *res = NULL;
-    if (trash_reserve(t, t->lists[MAIN(tg)].size) == 0) {
-        drop_ghosts(t, tg, 0);
+    if (trash_reserve(t, ghosts) == 0) {
+        for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
+            drop_ghosts(t, tag, 0);
+        for (int i = 0; i < N_RESIDENT; i++)
+            t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
+        t->touch_ghosts = 0;
         tbl_shrink(t);
         res = Py_NewRef(Py_None);
     }
@@ -1591,10 +1808,10 @@ BT_clear_tag(BlockTable *t, PyObject *tag)
 static PyObject *
 BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"tag", "keep"};
+    static Sig sig = {"trim", {"tag", "keep"}, 2, 2, 2, {NULL}};
     PyObject *a[2];
     int tg;
-    if (parse_args("trim", args, nargs, kwnames, names, 2, 2, a) < 0)
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
     if (ghost_tag(a[0], &tg) < 0)
         return NULL;
@@ -1612,7 +1829,7 @@ BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
     }
     ENTER(t);
     PyObject *res = NULL;
-    Py_ssize_t size = t->lists[MAIN(tg)].size;
+    Py_ssize_t size = t->lists[tg].size;
     if (trash_reserve(t, size > keep ? size - keep : 0) == 0) {
         Py_ssize_t dropped = drop_ghosts(t, tg, keep);
         tbl_shrink(t);
@@ -1624,53 +1841,71 @@ BT_trim(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
 /* ------------------------------------------------------------------------ */
 /* touch                                                                    */
 
-/* tuple(obj) as 4 tags in [lo, 3]; ValueError as kvoffload.table's */
+/* kvoffload.table.TouchRules, imported when first needed (kvoffload.table
+   imports this module) */
+static PyObject *touch_rules_type;
+
+/* where a block of each list goes: rules.<name>.get(list, list) for each
+   resident list, each in [lo, 3] */
 static int
-parse_rules(const char *name, PyObject *obj, int lo, int8_t out[N_RESIDENT])
+read_moves(PyObject *rules, const char *name, int lo, int8_t out[N_RESIDENT])
 {
-    PyObject *tup = PySequence_Tuple(obj);
-    if (tup == NULL)
+    PyObject *m = PyObject_GetAttrString(rules, name);
+    if (m == NULL)
         return -1;
-    int ok = PyTuple_GET_SIZE(tup) == N_RESIDENT;
-    for (Py_ssize_t i = 0; ok && i < N_RESIDENT; i++) {
-        long v = 0;
-        int r = exact_int_in(PyTuple_GET_ITEM(tup, i), lo, N_RESIDENT, &v);
-        if (r < 0) {
-            Py_DECREF(tup);
+    for (int i = 0; i < N_RESIDENT; i++) {
+        PyObject *dest = PyObject_CallMethod(m, "get", "(ii)", i, i);
+        if (dest == NULL) {
+            Py_DECREF(m);
             return -1;
         }
-        ok = r == 0;
+        long v = 0;
+        int r = int_in(dest, lo, N_RESIDENT, &v);
+        if (r > 0)
+            PyErr_Format(PyExc_ValueError, "TouchRules.%s sends list %d to %R", name, i, dest);
+        Py_DECREF(dest);
+        if (r != 0) {
+            Py_DECREF(m);
+            return -1;
+        }
         out[i] = (int8_t)v;
     }
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must be 4 tags, each %s; got %R", name,
-                     lo < 0 ? "-1 (stay) or 0..3" : "0..3", tup);
-        Py_DECREF(tup);
-        return -1;
-    }
-    Py_DECREF(tup);
+    Py_DECREF(m);
     return 0;
 }
 
 static PyObject *
-BT_set_touch_rules(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+BT_set_touch_rules(BlockTable *t, PyObject *rules)
 {
-    static const char *const names[] = {"ready", "in_flight", "parked", "ghosts"};
-    PyObject *a[4];
-    int8_t ready[N_RESIDENT], flying[N_RESIDENT], parked[N_RESIDENT];
-    if (parse_args("set_touch_rules", args, nargs, kwnames, names, 4, 4, a) < 0)
+    if (touch_rules_type == NULL) {
+        PyObject *mod = PyImport_ImportModule("kvoffload.table");
+        if (mod == NULL)
+            return NULL;
+        touch_rules_type = PyObject_GetAttrString(mod, "TouchRules");
+        Py_DECREF(mod);
+        if (touch_rules_type == NULL)
+            return NULL;
+    }
+    int is = PyObject_IsInstance(rules, touch_rules_type);
+    if (is < 0)
         return NULL;
-    if (parse_rules("ready", a[0], 0, ready) < 0 ||
-        parse_rules("in_flight", a[1], -1, flying) < 0 ||
-        parse_rules("parked", a[2], 0, parked) < 0)
+    if (!is) {
+        PyErr_Format(PyExc_TypeError, "set_touch_rules() takes a TouchRules, got %R", rules);
         return NULL;
-    int ghosts = PyObject_IsTrue(a[3]);
+    }
+    int8_t ready[N_RESIDENT], flying[N_RESIDENT];
+    if (read_moves(rules, "ready", 0, ready) < 0 || read_moves(rules, "in_flight", -1, flying) < 0)
+        return NULL;
+    PyObject *g = PyObject_GetAttrString(rules, "ghosts");
+    if (g == NULL)
+        return NULL;
+    int ghosts = PyObject_IsTrue(g);
+    Py_DECREF(g);
     if (ghosts < 0)
         return NULL;
     ENTER(t);
     memcpy(t->ready_to, ready, sizeof ready);
     memcpy(t->in_flight_to, flying, sizeof flying);
-    memcpy(t->parked_to, parked, sizeof parked);
     t->touch_ghosts = (char)ghosts;
     t->in_call = 0;
     Py_RETURN_NONE;
@@ -1719,22 +1954,15 @@ BT_touch(BlockTable *t, PyObject *hashes)
             if (out == NULL)
                 continue;
             list_unlink(t, ix);
-            list_append(t, ix, MAIN(tag));
+            list_append(t, ix, tag);
             PyList_SET_ITEM(out, k++, PyLong_FromLong(tag)); /* cached small int */
         }
-        else if (!e->parked) {
+        else {
             dest = e->ref >= 0 ? t->ready_to[tag] : t->in_flight_to[tag];
             if (dest < 0)
                 continue;
-            list_unlink(t, ix);
-            list_append(t, ix, MAIN(dest));
-        }
-        else {
-            dest = t->parked_to[tag];
-            if (dest == tag)
-                continue;
-            list_unlink(t, ix);
-            list_append(t, ix, PARKED(dest));
+            entry_detach(t, ix);
+            list_append(t, ix, dest);
         }
     }
     res = out != NULL ? out : Py_NewRef(Py_None);
@@ -1745,7 +1973,9 @@ done:
 /* ------------------------------------------------------------------------ */
 /* evict                                                                    */
 
-enum { W_PINNED, W_FLYING, W_VICTIM };
+/* what a walk found: an in-line entry to set aside (busy or protected) or a
+   victim */
+enum { W_ASIDE, W_VICTIM };
 
 typedef struct {
     int32_t ix;
@@ -1759,27 +1989,38 @@ typedef struct {
     Walk small[SMALL_WALK];
 } Walks;
 
+/* a growable array on the stack first; 0, or -1 with MemoryError */
+static int
+grow(void **v, void *small, Py_ssize_t *cap, size_t item)
+{
+    Py_ssize_t nc = *cap * 2;
+    void *nv;
+    if ((size_t)nc > PY_SSIZE_T_MAX / item) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (*v == small) {
+        nv = PyMem_Malloc((size_t)nc * item);
+        if (nv != NULL)
+            memcpy(nv, small, (size_t)*cap * item);
+    }
+    else {
+        nv = PyMem_Realloc(*v, (size_t)nc * item);
+    }
+    if (nv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *v = nv;
+    *cap = nc;
+    return 0;
+}
+
 static int
 walks_push(Walks *w, int32_t ix, int kind, int side)
 {
-    if (w->n == w->cap) {
-        Py_ssize_t nc = w->cap * 2;
-        Walk *nv;
-        if (w->v == w->small) {
-            nv = PyMem_Malloc((size_t)nc * sizeof(Walk));
-            if (nv != NULL)
-                memcpy(nv, w->small, sizeof w->small);
-        }
-        else {
-            nv = PyMem_Realloc(w->v, (size_t)nc * sizeof(Walk));
-        }
-        if (nv == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        w->v = nv;
-        w->cap = nc;
-    }
+    if (w->n == w->cap && grow((void **)&w->v, w->small, &w->cap, sizeof(Walk)) < 0)
+        return -1;
     Walk *x = &w->v[w->n++];
     x->ix = ix;
     x->kind = (uint8_t)kind;
@@ -1787,130 +2028,221 @@ walks_push(Walks *w, int32_t ix, int kind, int side)
     return 0;
 }
 
+/* One list's walk: first the ready entries set aside, in stamp order, read
+   from the heap without changing it (`front` is a min-heap of the heap
+   positions whose parents were read: the next one is the smallest), then
+   the entries in line from `cur`. */
+typedef struct {
+    int tag;
+    int32_t cur;
+    Py_ssize_t found; /* victims from this list */
+    Py_ssize_t aside; /* in-line entries it sets aside */
+    int32_t *front;
+    Py_ssize_t nfront, capfront;
+    int32_t small[SMALL_FRONT];
+} Side;
+
+static void
+side_init(BlockTable *t, Side *s, int tag)
+{
+    s->tag = tag;
+    s->cur = t->lists[tag].head;
+    s->found = s->aside = 0;
+    s->front = s->small;
+    s->capfront = SMALL_FRONT;
+    s->nfront = t->aside[tag].ready > 0;
+    s->small[0] = 0;
+}
+
+static void
+side_free(Side *s)
+{
+    if (s->front != s->small)
+        PyMem_Free(s->front);
+}
+
+static int
+front_push(Side *s, const Rec *v, int32_t pos)
+{
+    if (s->nfront == s->capfront &&
+        grow((void **)&s->front, s->small, &s->capfront, sizeof(int32_t)) < 0)
+        return -1;
+    Py_ssize_t i = s->nfront++;
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (v[s->front[parent]].stamp < v[pos].stamp)
+            break;
+        s->front[i] = s->front[parent];
+        i = parent;
+    }
+    s->front[i] = pos;
+    return 0;
+}
+
+static int32_t
+front_pop(Side *s, const Rec *v)
+{
+    int32_t top = s->front[0], last = s->front[--s->nfront];
+    Py_ssize_t i = 0, n = s->nfront;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && v[s->front[c + 1]].stamp < v[s->front[c]].stamp)
+            c++;
+        if (v[last].stamp < v[s->front[c]].stamp)
+            break;
+        s->front[i] = s->front[c];
+        i = c;
+    }
+    if (n > 0)
+        s->front[i] = last;
+    return top;
+}
+
 enum { P_EMPTY, P_SET, P_DICT, P_ANY };
 
-/* walk a list from *cur until `*found` reaches `want`; records the pinned,
-   in-flight and victim entries it passes. 0, or -1 with an exception */
-static int
-walk_list(BlockTable *t, int32_t *cur, int side, Py_ssize_t want, Py_ssize_t *found,
-          Py_ssize_t *side_found, Walks *w, PyObject *prot, int pmode)
+/* 1 if key is in the protected container, 0 if not, -1 error */
+static inline int
+is_protected(PyObject *prot, int pmode, PyObject *key)
 {
-    while (*found < want && *cur >= 0) {
-        int32_t ix = *cur;
+    switch (pmode) {
+    case P_EMPTY:
+        return 0;
+    case P_SET:
+        return PySet_Contains(prot, key);
+    case P_DICT:
+        return PyDict_Contains(prot, key);
+    default:
+        return PySequence_Contains(prot, key);
+    }
+}
+
+/* walk a list on until `*found` reaches `want`, recording the victims and
+   the in-line entries to set aside. 0, or -1 with an exception */
+static int
+walk_list(BlockTable *t, Side *s, int side, Py_ssize_t want, Py_ssize_t *found, Walks *w,
+          PyObject *prot, int pmode)
+{
+    const Aside *A = &t->aside[s->tag];
+    while (*found < want && s->nfront > 0) {
+        int32_t pos = front_pop(s, A->v);
+        for (int32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < A->ready; c++) {
+            if (front_push(s, A->v, c) < 0)
+                return -1;
+        }
+        int32_t ix = A->v[pos].ix;
+        t->walked++;
+        int r = is_protected(prot, pmode, t->entries[ix].key);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue; /* protected: stays where it is */
+        if (walks_push(w, ix, W_VICTIM, side) < 0)
+            return -1;
+        (*found)++;
+        s->found++;
+    }
+    while (*found < want && s->cur >= 0) {
+        int32_t ix = s->cur;
         Entry *e = &t->entries[ix];
         t->walked++;
-        *cur = e->next;
-        int kind;
-        if (e->ref > 0) {
-            kind = W_PINNED;
-        }
-        else if (e->ref < 0) {
-            kind = W_FLYING;
-        }
-        else {
-            int r;
-            switch (pmode) {
-            case P_EMPTY:
-                r = 0;
-                break;
-            case P_SET:
-                r = PySet_Contains(prot, e->key);
-                break;
-            case P_DICT:
-                r = PyDict_Contains(prot, e->key);
-                break;
-            default:
-                r = PySequence_Contains(prot, e->key);
-                break;
-            }
+        s->cur = e->next;
+        int kind = W_ASIDE;
+        if (e->ref == 0) {
+            int r = is_protected(prot, pmode, e->key);
             if (r < 0)
                 return -1;
-            if (r > 0)
-                continue; /* protected: stays where it is */
-            kind = W_VICTIM;
-            (*found)++;
-            (*side_found)++;
+            if (r == 0)
+                kind = W_VICTIM;
         }
         if (walks_push(w, ix, kind, side) < 0)
             return -1;
+        if (kind == W_VICTIM) {
+            (*found)++;
+            s->found++;
+        }
+        else {
+            s->aside++;
+        }
     }
     return 0;
+}
+
+/* `o` is absent or None (*out -1), or a tag `parse` accepts */
+static int
+optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
+{
+    *out = -1;
+    return o == NULL || o == Py_None ? 0 : parse(o, out);
 }
 
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"a", "b", "first", "n", "protected", "ghost_a", "ghost_b"};
+    static Sig sig = {
+        "evict", {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b"}, 3, 3, 7, {NULL}};
     PyObject *a[7];
-    int ta, tb = -1, ga = -1, gb = -1;
-    if (parse_args("evict", args, nargs, kwnames, names, 5, 7, a) < 0)
+    int ta, tb, ga, gb;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
-    if (resident_tag(a[0], &ta) < 0)
+    if (resident_tag(a[0], &ta) < 0 || optional_tag(a[3], resident_tag, &tb) < 0)
         return NULL;
-    int r = is_minus_one(a[1]);
-    if (r < 0)
-        return NULL;
-    if (!r) {
-        if (resident_tag(a[1], &tb) < 0)
-            return NULL;
-        if (tb == ta) {
-            PyErr_Format(PyExc_ValueError, "a and b must be different tags, got %d twice", ta);
-            return NULL;
-        }
-    }
-    for (int s = 0; s < (tb < 0 ? 1 : 2); s++) {
-        PyObject *g = a[5 + s];
-        int *out = s ? &gb : &ga;
-        if (g == NULL)
-            continue;
-        r = is_minus_one(g);
-        if (r < 0)
-            return NULL;
-        if (!r && ghost_tag(g, out) < 0)
-            return NULL;
-    }
-    Py_ssize_t first, n;
-    if (!PyLong_CheckExact(a[2])) {
-        PyErr_Format(PyExc_TypeError, "first must be an int, got %R", a[2]);
+    if (tb == ta) {
+        PyErr_Format(PyExc_ValueError, "a and b must be different lists, got %d twice", ta);
         return NULL;
     }
-    if (!PyLong_CheckExact(a[3])) {
-        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", a[3]);
+    if (optional_tag(a[5], ghost_tag, &ga) < 0 || optional_tag(a[6], ghost_tag, &gb) < 0)
+        return NULL;
+    if (!PyLong_CheckExact(a[1])) {
+        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", a[1]);
         return NULL;
     }
-    n = PyLong_AsSsize_t(a[3]);
+    if (a[4] != NULL && a[4] != Py_None && !PyLong_CheckExact(a[4])) {
+        PyErr_Format(PyExc_TypeError, "first must be an int or None, got %R", a[4]);
+        return NULL;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(a[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
     if (n < 0) {
         PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
         return NULL;
     }
-    {
+    Py_ssize_t first = n;
+    if (a[4] != NULL && a[4] != Py_None) {
         int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(a[2], &overflow);
+        long long v = PyLong_AsLongLongAndOverflow(a[4], &overflow);
         /* a negative first walks a for nothing first, as min(first, n) does */
         first = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX
                 : overflow < 0 || v < 0          ? 0
                                                  : (Py_ssize_t)v;
+        if (first > n)
+            first = n;
     }
-    if (first > n)
-        first = n;
-    PyObject *prot = a[4];
+    PyObject *prot = a[2];
     ENTER(t);
 
     Walks w;
     w.v = w.small;
     w.n = 0;
     w.cap = SMALL_WALK;
+    Side sides[2];
+    int nsides = tb < 0 ? 1 : 2;
+    side_init(t, &sides[0], ta);
+    if (tb >= 0)
+        side_init(t, &sides[1], tb);
     PyObject *res = NULL;
     PyObject *hashes = NULL, *handles = NULL, *na_obj = NULL;
     if (n == 0) {
         res = Py_BuildValue("([][]i)", 0);
         goto done;
     }
-    List *la = &t->lists[MAIN(ta)];
-    List *lb = tb >= 0 ? &t->lists[MAIN(tb)] : NULL;
-    if (n > la->size + (lb != NULL ? lb->size : 0)) {
+    /* more than could be victims: the entries in line and the ready ones set aside */
+    Py_ssize_t room = 0;
+    for (int s = 0; s < nsides; s++)
+        room += t->lists[sides[s].tag].size + t->aside[sides[s].tag].ready;
+    if (n > room) {
         res = Py_NewRef(Py_None);
         goto done;
     }
@@ -1919,62 +2251,58 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         pmode = PySet_GET_SIZE(prot) == 0 ? P_EMPTY : P_SET;
     else if (PyDict_CheckExact(prot))
         pmode = PyDict_GET_SIZE(prot) == 0 ? P_EMPTY : P_DICT;
-    Py_ssize_t found = 0, na = 0, nb = 0;
-    int32_t cur_a = la->head, cur_b = lb != NULL ? lb->head : -1;
-    if (walk_list(t, &cur_a, 0, first, &found, &na, &w, prot, pmode) < 0)
+    Py_ssize_t found = 0;
+    if (walk_list(t, &sides[0], 0, first, &found, &w, prot, pmode) < 0)
         goto done;
-    if (lb != NULL && walk_list(t, &cur_b, 1, n, &found, &nb, &w, prot, pmode) < 0)
+    if (tb >= 0 && walk_list(t, &sides[1], 1, n, &found, &w, prot, pmode) < 0)
         goto done;
-    if (walk_list(t, &cur_a, 0, n, &found, &na, &w, prot, pmode) < 0)
+    if (walk_list(t, &sides[0], 0, n, &found, &w, prot, pmode) < 0)
         goto done;
     if (found < n) {
         res = Py_NewRef(Py_None);
         goto done;
     }
+    for (int s = 0; s < nsides; s++) {
+        if (aside_reserve(t, sides[s].tag, sides[s].aside) < 0)
+            goto done;
+    }
     hashes = PyList_New(n);
     handles = PyList_New(n);
-    na_obj = PyLong_FromSsize_t(na);
+    na_obj = PyLong_FromSsize_t(sides[0].found);
     res = PyTuple_New(3);
     if (hashes == NULL || handles == NULL || na_obj == NULL || res == NULL) {
         Py_CLEAR(res);
         goto done;
     }
 
-    /* phase 2: list a's walk, then list b's (each in walking order) */
+    /* phase 2: list a's walk, then list b's (each in walking order, so the
+       entries set aside get stamps in their order) */
     Py_ssize_t pos = 0;
-    for (int side = 0; side < 2; side++) {
+    for (int side = 0; side < nsides; side++) {
         int g = side ? gb : ga;
         for (Py_ssize_t i = 0; i < w.n; i++) {
             if (w.v[i].side != side)
                 continue;
             int32_t ix = w.v[i].ix;
             Entry *e = &t->entries[ix];
-            switch (w.v[i].kind) {
-            case W_PINNED:
-                list_unlink(t, ix);
-                list_append(t, ix, PARKED(e->tag));
-                break;
-            case W_FLYING:
-                list_unlink(t, ix);
-                list_append(t, ix, MAIN(e->tag));
-                break;
-            default: /* victim: its references go to the result */
-                list_unlink(t, ix);
-                PyList_SET_ITEM(handles, pos, e->handle);
-                e->handle = NULL;
-                if (g >= 0) {
-                    PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
-                    e->ref = 0;
-                    list_append(t, ix, MAIN(g));
-                }
-                else {
-                    PyList_SET_ITEM(hashes, pos, e->key);
-                    index_del(t, ix);
-                    entry_free(t, ix);
-                }
-                pos++;
-                break;
+            entry_detach(t, ix);
+            if (w.v[i].kind == W_ASIDE) {
+                aside_add(t, ix, sides[side].tag, t->late++);
+                continue;
             }
+            /* a victim: its references go to the result */
+            PyList_SET_ITEM(handles, pos, e->handle);
+            e->handle = NULL;
+            if (g >= 0) {
+                PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
+                list_append(t, ix, g);
+            }
+            else {
+                PyList_SET_ITEM(hashes, pos, e->key);
+                index_del(t, ix);
+                entry_free(t, ix);
+            }
+            pos++;
         }
     }
     t->resident -= n;
@@ -1989,6 +2317,8 @@ done:
     Py_XDECREF(na_obj);
     if (w.v != w.small)
         PyMem_Free(w.v);
+    for (int s = 0; s < nsides; s++)
+        side_free(&sides[s]);
     return leave(t, NULL, NULL, res);
 }
 
@@ -2009,9 +2339,8 @@ check_table(BlockTable *t)
     Entry *E = t->entries;
     Py_ssize_t seen = 0, resident = 0, pinned = 0, flying = 0;
     CHECK(t->top <= t->cap && t->used <= t->top && t->cap >= MIN_CAP, "bad sizes");
-    for (int L = 0; L < N_LISTS; L++) {
+    for (int L = 0; L < N_TAGS; L++) {
         List *l = &t->lists[L];
-        int tag = L >> 1, parked = L & 1;
         Py_ssize_t count = 0;
         int32_t prev = -1;
         for (int32_t ix = l->head; ix >= 0; ix = E[ix].next) {
@@ -2019,12 +2348,11 @@ check_table(BlockTable *t)
             Entry *e = &E[ix];
             CHECK(e->key != NULL, "list %d: free slot %d on it", L, (int)ix);
             CHECK(e->prev == prev, "list %d: entry %d has a wrong prev", L, (int)ix);
-            CHECK(e->tag == tag && e->parked == parked, "list %d: entry %d has tag %d/%d", L,
-                  (int)ix, e->tag, e->parked);
-            if (tag < N_RESIDENT) {
+            CHECK(e->tag == L && !e->aside, "list %d: entry %d has tag %d, aside %d", L,
+                  (int)ix, e->tag, e->aside);
+            if (L < N_RESIDENT) {
                 CHECK(e->handle != NULL, "resident entry %d without a handle", (int)ix);
                 CHECK(e->ref >= -1, "entry %d has ref %d", (int)ix, (int)e->ref);
-                CHECK(!parked || e->ref > 0, "parked entry %d is not pinned", (int)ix);
                 resident++;
                 pinned += e->ref > 0;
                 flying += e->ref < 0;
@@ -2038,6 +2366,28 @@ check_table(BlockTable *t)
         CHECK(prev == l->tail, "list %d: wrong tail", L);
         CHECK(count == l->size, "list %d: size %zd, %zd entries", L, l->size, count);
         seen += count;
+    }
+    for (int tag = 0; tag < N_RESIDENT; tag++) {
+        Aside *A = &t->aside[tag];
+        CHECK(0 <= A->ready && A->ready <= A->n && A->n <= A->cap, "tag %d: aside sizes", tag);
+        for (int32_t i = 0; i < A->n; i++) {
+            int32_t ix = A->v[i].ix;
+            CHECK(ix >= 0 && ix < t->top && E[ix].key != NULL, "tag %d: record %d", tag, (int)i);
+            Entry *e = &E[ix];
+            CHECK(e->aside && e->tag == tag && e->prev == i, "tag %d: entry %d set aside wrongly",
+                  tag, (int)ix);
+            CHECK(e->handle != NULL, "entry %d set aside without a handle", (int)ix);
+            CHECK((i < A->ready) == (e->ref == 0), "tag %d: entry %d ref %d at %d of %d", tag,
+                  (int)ix, (int)e->ref, (int)i, (int)A->ready);
+            CHECK(i == 0 || i >= A->ready || A->v[(i - 1) / 2].stamp < A->v[i].stamp,
+                  "tag %d: heap order broken at %d", tag, (int)i);
+            CHECK(A->v[i].stamp < t->late && A->v[i].stamp > t->early,
+                  "tag %d: stamp out of range", tag);
+            resident++;
+            pinned += e->ref > 0;
+            flying += e->ref < 0;
+        }
+        seen += A->n;
     }
     CHECK(seen == t->used, "%zd entries on lists, %d used", seen, (int)t->used);
     CHECK(resident == t->resident, "resident %zd, counted %zd", t->resident, resident);
@@ -2087,7 +2437,7 @@ BT_repr(BlockTable *t)
 {
     Py_ssize_t ghosts = 0;
     for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
-        ghosts += t->lists[MAIN(tag)].size;
+        ghosts += t->lists[tag].size;
     return PyUnicode_FromFormat("<BlockTable: %zd resident, %zd ghosts>", t->resident, ghosts);
 }
 
@@ -2099,16 +2449,13 @@ static PyMethodDef BT_methods[] = {
      "ref(h): its reference count, or None (absent or ghost)."},
     {"tag_of", (PyCFunction)BT_tag_of, METH_O, "tag_of(h): its tag 0..7, or -1 (no entry)."},
     {"tags", (PyCFunction)BT_tags, METH_O, "tags(hashes) -> list[int]: tag_of of each."},
-    {"size", (PyCFunction)BT_size, METH_O,
-     "size(tag): main + parked entries (resident tag) or ghosts (ghost tag)."},
-    {"parked_size", (PyCFunction)BT_parked_size, METH_O,
-     "parked_size(tag): parked entries (0 for a ghost tag)."},
+    {"size", (PyCFunction)BT_size, METH_O, "size(tag): entries of tag (resident or ghosts)."},
     {"lookup", (PyCFunction)BT_lookup, METH_O,
      "lookup(hashes) -> int: how many leading hashes are resident and not in flight."},
     {"absent", (PyCFunction)BT_absent, METH_O,
      "absent(hashes) -> list: the hashes (any iterable) that are not resident, in order."},
     {"items", (PyCFunction)BT_items, METH_O,
-     "items(tag) -> list[(hash, handle)]: main then parked order; (hash, None) for ghosts."},
+     "items(tag) -> list[(hash, handle)]: in order, oldest first; (hash, None) for ghosts."},
     {"keys", (PyCFunction)BT_keys, METH_O, "keys(tag) -> list: the hashes of items(tag)."},
     {"memory_bytes", (PyCFunction)BT_memory_bytes, METH_NOARGS,
      "memory_bytes() -> int: bytes of the entry array and the index."},
@@ -2131,16 +2478,16 @@ static PyMethodDef BT_methods[] = {
      "move(h, tag, last=True): to the most recent (or oldest) end of tag's main order."},
     {"relist", (PyCFunction)(void (*)(void))BT_relist, FAST,
      "relist(hashes, tag): each, in order, to the most recent end of tag's main order."},
-    {"clear_tag", (PyCFunction)BT_clear_tag, METH_O,
-     "clear_tag(tag): drop every ghost of ghost tag tag."},
+    {"forget_policy", (PyCFunction)BT_forget_policy, METH_NOARGS,
+     "forget_policy(): drop every ghost and restore the default touch rules."},
     {"trim", (PyCFunction)(void (*)(void))BT_trim, FAST,
      "trim(tag, keep) -> int: drop the oldest ghosts of tag until keep remain."},
-    {"set_touch_rules", (PyCFunction)(void (*)(void))BT_set_touch_rules, FAST,
-     "set_touch_rules(ready, in_flight, parked, ghosts): what touch does."},
+    {"set_touch_rules", (PyCFunction)BT_set_touch_rules, METH_O,
+     "set_touch_rules(rules): what touch does (a kvoffload.table.TouchRules)."},
     {"touch", (PyCFunction)BT_touch, METH_O,
      "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
     {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
-     "evict(a, b, first, n, protected, ghost_a=-1, ghost_b=-1)\n"
+     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None)\n"
      "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
     {NULL, NULL, 0, NULL},
 };

@@ -12,6 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NewType
 
+__all__ = [
+    "BlockHash",
+    "LoadStoreSpec",
+    "OffloadingEvent",
+    "OffloadingManager",
+    "PrepareStoreOutput",
+]
+
 #: A chained block hash: it names a block's tokens *and* every token before it.
 BlockHash = NewType("BlockHash", bytes)
 

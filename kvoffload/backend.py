@@ -8,6 +8,8 @@ from typing import Any
 
 from kvoffload.abstract import BlockHash, LoadStoreSpec
 
+__all__ = ["Backend", "BlockStatus", "Handle"]
+
 
 class BlockStatus:
     """State of one offloaded block.

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+__all__ = ["BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError"]
+
 
 class KVOffloadError(Exception):
     """Base class of every kvoffload error."""

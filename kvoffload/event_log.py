@@ -24,6 +24,8 @@ from typing import Literal
 from kvoffload.abstract import BlockHash, OffloadingEvent
 from kvoffload.errors import ConfigError
 
+__all__ = ["EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage", "EventRecord"]
+
 EventKind = Literal["stored", "removed", "policy_switched", "cleared"]
 EVENT_KINDS: tuple[EventKind, ...] = ("stored", "removed", "policy_switched", "cleared")
 

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 from kvoffload.errors import ConfigError
 from kvoffload.spec import OffloadingConfig, OffloadingSpec, _to_config
 
+__all__ = ["OffloadingSpecFactory"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -41,7 +41,9 @@ from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats
-from kvoffload.table import DEFAULT_TOUCH_RULES, RESIDENT_TAGS, TAGS, BlockTable
+from kvoffload.table import BlockTable
+
+__all__ = ["ARCOffloadingManager", "LRUOffloadingManager", "PolicyOffloadingManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,10 +276,7 @@ class PolicyOffloadingManager(OffloadingManager):
         old = self._policy
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
-        for tag in range(RESIDENT_TAGS, TAGS):
-            table.clear_tag(tag)
-        # the old policy's touch rules do not carry over either
-        table.set_touch_rules(*DEFAULT_TOUCH_RULES)
+        table.forget_policy()  # its ghosts and touch rules
         new.seed(items)
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)

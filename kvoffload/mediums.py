@@ -11,6 +11,8 @@ import numpy.typing as npt
 
 from kvoffload.abstract import LoadStoreSpec
 
+__all__ = ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "GPULoadStoreSpec"]
+
 
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec holding block ids as a ``numpy.int64`` array."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from kvoffload.event_log import EventLogStats
 
+__all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"]
+
 #: outcomes of blocks named in ``prepare_store`` / ``complete_store``
 STORE_OUTCOMES = ("stored", "skipped_present", "failed", "rejected_no_room")
 #: the lists of the ARC family (``arc``, ``kvarc``): resident T1, T2; ghosts B1, B2

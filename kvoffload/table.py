@@ -9,10 +9,14 @@ forces the reference.
 
 from __future__ import annotations
 
+import heapq
 import os
 import warnings
 from collections import Counter, OrderedDict
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.abstract import BlockHash
@@ -22,43 +26,79 @@ RESIDENT_TAGS = 4
 TAGS = 8
 #: ``tag_of`` for a hash without an entry
 NO_TAG = -1
+#: a :attr:`TouchRules.in_flight` destination: the block stays where it is
+STAY = -1
 
 #: keys are any hashable object at run time; typed as the block hashes they are
 Key = BlockHash
 Handle = Any
 
-_DEFAULT_RULES = (0, 1, 2, 3)
-#: ``set_touch_rules`` arguments of a new table: plain LRU on each list
-DEFAULT_TOUCH_RULES = (_DEFAULT_RULES, _DEFAULT_RULES, _DEFAULT_RULES, False)
+
+def _is_tag(tag: object, low: int, high: int) -> bool:
+    """An int (an ``IntEnum`` member too, not a bool) in ``low..high-1``."""
+    return isinstance(tag, int) and not isinstance(tag, bool) and low <= tag < high
 
 
 def _resident_tag(tag: int) -> int:
-    if type(tag) is not int or not 0 <= tag < RESIDENT_TAGS:
+    if not _is_tag(tag, 0, RESIDENT_TAGS):
         raise ValueError(f"resident tag must be 0..{RESIDENT_TAGS - 1}, got {tag!r}")
-    return tag
+    return int(tag)
 
 
 def _ghost_tag(tag: int) -> int:
-    if type(tag) is not int or not RESIDENT_TAGS <= tag < TAGS:
+    if not _is_tag(tag, RESIDENT_TAGS, TAGS):
         raise ValueError(f"ghost tag must be {RESIDENT_TAGS}..{TAGS - 1}, got {tag!r}")
-    return tag - RESIDENT_TAGS
+    return int(tag)
 
 
 def _any_tag(tag: int) -> int:
-    if type(tag) is not int or not 0 <= tag < TAGS:
+    if not _is_tag(tag, 0, TAGS):
         raise ValueError(f"tag must be 0..{TAGS - 1}, got {tag!r}")
-    return tag
+    return int(tag)
 
 
-def _rules(name: str, rules: Sequence[int], stay: bool) -> tuple[int, ...]:
-    rules = tuple(rules)
-    low = -1 if stay else 0
-    if len(rules) != RESIDENT_TAGS or any(
-        type(t) is not int or not low <= t < RESIDENT_TAGS for t in rules
-    ):
-        allowed = "-1 (stay) or 0..3" if stay else "0..3"
-        raise ValueError(f"{name} must be 4 tags, each {allowed}; got {rules!r}")
-    return rules
+@dataclass(frozen=True, slots=True)
+class TouchRules:
+    """What a block table's ``touch`` does to each block it finds, by the
+    resident list (tag ``0..3``) the block is in. A list a mapping does not
+    name keeps its blocks: each moves to its own list's most recent end
+    (LRU within the list). The default, ``TouchRules()``, is that for every
+    list and leaves ghosts alone.
+
+    ``TouchRules(ready={T1: T2}, ghosts=True)`` is ARC's: a ready T1 block
+    used again moves to T2, a block whose store is in flight moves to its
+    own list's recent end, and a touch reports the ghosts it meets."""
+
+    #: a ready block (idle or pinned by loads) of list ``k`` moves to the most
+    #: recent end of list ``ready[k]``
+    ready: Mapping[int, int] = field(default_factory=dict)
+    #: a block whose store is in flight, of list ``k``: to the most recent end
+    #: of ``in_flight[k]``, or nowhere if that is :data:`STAY`
+    in_flight: Mapping[int, int] = field(default_factory=dict)
+    #: a touched ghost moves to its ghost list's most recent end, and
+    #: ``touch`` returns the ghost lists it hit
+    ghosts: bool = False
+
+    def __post_init__(self) -> None:
+        for name, rules, low in (("ready", self.ready, 0), ("in_flight", self.in_flight, STAY)):
+            for src, dest in rules.items():
+                if not (_is_tag(src, 0, RESIDENT_TAGS) and _is_tag(dest, low, RESIDENT_TAGS)):
+                    allowed = "a resident list or STAY" if low < 0 else "a resident list"
+                    raise ValueError(
+                        f"TouchRules.{name} maps resident lists (0..3) to {allowed}; "
+                        f"got {src!r}: {dest!r}"
+                    )
+            object.__setattr__(self, name, MappingProxyType(dict(rules)))
+
+    def moves(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where a ready and where an in-flight block of each list goes."""
+        return (
+            tuple(self.ready.get(t, t) for t in range(RESIDENT_TAGS)),
+            tuple(self.in_flight.get(t, t) for t in range(RESIDENT_TAGS)),
+        )
+
+
+_DEFAULT_MOVES = TouchRules().moves()
 
 
 class PyBlockTable:
@@ -67,21 +107,30 @@ class PyBlockTable:
     def __init__(self) -> None:
         #: every entry's tag: resident 0..3, ghost 4..7
         self._tag: dict[Key, int] = {}
-        #: per resident tag: the main order (hash -> handle), oldest first
+        #: per resident tag: the entries in line (hash -> handle), oldest first
         self._main: list[OrderedDict[Key, Handle]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
-        #: per resident tag: the parked order (hash -> handle)
-        self._parked: list[dict[Key, Handle]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: the entries set aside (hash -> (stamp, handle)),
+        #: older than every entry in line, in stamp order among themselves
+        self._aside: list[dict[Key, tuple[int, Handle]]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: a heap of (stamp, hash) holding every ready entry
+        #: set aside; pairs that no longer say so are dropped when popped
+        self._heap: list[list[tuple[int, Key]]] = [[] for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: the stamp each hash has a pair in the heap for
+        self._queued: list[dict[Key, int]] = [{} for _ in range(RESIDENT_TAGS)]
+        #: per resident tag: how many entries set aside are ready
+        self._aside_ready = [0] * RESIDENT_TAGS
         #: per ghost tag: the order of ghosts
         self._ghosts: list[OrderedDict[Key, None]] = [OrderedDict() for _ in range(RESIDENT_TAGS)]
         #: reference counts that are not 0
         self._refs: dict[Key, int] = {}
+        #: the next stamps: later than every one given (evictions), earlier (move to front)
+        self._late = 0
+        self._early = -1
         self._resident = 0
         self.pinned = 0
         self.in_flight = 0
         self.walked = 0
-        self._ready_to: tuple[int, ...] = _DEFAULT_RULES
-        self._in_flight_to: tuple[int, ...] = _DEFAULT_RULES
-        self._parked_to: tuple[int, ...] = _DEFAULT_RULES
+        self._ready_to, self._in_flight_to = _DEFAULT_MOVES
         self._touch_ghosts = False
 
     # -- reading ----------------------------------------------------------
@@ -94,35 +143,31 @@ class PyBlockTable:
 
     def _handle(self, h: Key, tag: int) -> Handle:
         main = self._main[tag]
-        return main[h] if h in main else self._parked[tag][h]
+        return main[h] if h in main else self._aside[tag][h][1]
 
-    def get(self, h: Key) -> Handle:
+    def get(self, h: Key, /) -> Handle:
         tag = self._tag.get(h, TAGS)
         return self._handle(h, tag) if tag < RESIDENT_TAGS else None
 
-    def ref(self, h: Key) -> int | None:
+    def ref(self, h: Key, /) -> int | None:
         if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
             return None
         return self._refs.get(h, 0)
 
-    def tag_of(self, h: Key) -> int:
+    def tag_of(self, h: Key, /) -> int:
         return self._tag.get(h, NO_TAG)
 
-    def tags(self, hashes: Iterable[Key]) -> list[int]:
+    def tags(self, hashes: Iterable[Key], /) -> list[int]:
         get = self._tag.get
         return [get(h, NO_TAG) for h in hashes]
 
-    def size(self, tag: int) -> int:
+    def size(self, tag: int, /) -> int:
         tag = _any_tag(tag)
         if tag < RESIDENT_TAGS:
-            return len(self._main[tag]) + len(self._parked[tag])
+            return len(self._main[tag]) + len(self._aside[tag])
         return len(self._ghosts[tag - RESIDENT_TAGS])
 
-    def parked_size(self, tag: int) -> int:
-        tag = _any_tag(tag)
-        return len(self._parked[tag]) if tag < RESIDENT_TAGS else 0
-
-    def lookup(self, hashes: Iterable[Key]) -> int:
+    def lookup(self, hashes: Iterable[Key], /) -> int:
         tag, refs = self._tag, self._refs
         n = 0
         for h in hashes:
@@ -131,17 +176,18 @@ class PyBlockTable:
             n += 1
         return n
 
-    def absent(self, hashes: Iterable[Key]) -> list[Key]:
+    def absent(self, hashes: Iterable[Key], /) -> list[Key]:
         get = self._tag.get
         return [h for h in hashes if get(h, TAGS) >= RESIDENT_TAGS]
 
-    def items(self, tag: int) -> list[tuple[Key, Handle]]:
+    def items(self, tag: int, /) -> list[tuple[Key, Handle]]:
         tag = _any_tag(tag)
-        if tag < RESIDENT_TAGS:
-            return [*self._main[tag].items(), *self._parked[tag].items()]
-        return list(self._ghosts[tag - RESIDENT_TAGS].items())
+        if tag >= RESIDENT_TAGS:
+            return list(self._ghosts[tag - RESIDENT_TAGS].items())
+        aside = sorted(self._aside[tag].items(), key=lambda item: item[1][0])
+        return [(h, handle) for h, (_, handle) in aside] + list(self._main[tag].items())
 
-    def keys(self, tag: int) -> list[Key]:
+    def keys(self, tag: int, /) -> list[Key]:
         return [h for h, _ in self.items(tag)]
 
     def memory_bytes(self) -> int:
@@ -160,13 +206,69 @@ class PyBlockTable:
                 raise KeyError(h)
         return hashes
 
+    # -- entries set aside ----------------------------------------------------
+
+    def _set_aside(self, h: Key, tag: int, handle: Handle, stamp: int) -> None:
+        self._aside[tag][h] = (stamp, handle)
+        if not self._refs.get(h, 0):
+            self._aside_ready[tag] += 1
+            self._queue(tag, h, stamp)
+
+    def _queue(self, tag: int, h: Key, stamp: int) -> None:
+        """Make sure the heap of ``tag`` holds ``(stamp, h)``."""
+        queued = self._queued[tag]
+        if queued.get(h) == stamp:
+            return
+        heap = self._heap[tag]
+        if len(heap) > 2 * len(self._aside[tag]) + 32:  # mostly stale pairs: rebuild
+            refs = self._refs
+            ready = {k: s for k, (s, _) in self._aside[tag].items() if not refs.get(k, 0)}
+            heap[:] = [(s, k) for k, s in ready.items() if k != h]
+            heapq.heapify(heap)
+            queued.clear()
+            queued.update(ready)
+        heapq.heappush(heap, (stamp, h))
+        queued[h] = stamp
+
+    def _ready_again(self, h: Key) -> None:
+        """``h`` became ready (its last load completed, or its store)."""
+        tag = self._tag[h]
+        entry = self._aside[tag].get(h)
+        if entry is not None:
+            self._aside_ready[tag] += 1
+            self._queue(tag, h, entry[0])
+
+    def _detach(self, h: Key, tag: int) -> Handle:
+        """Take ``h`` out of the order of ``tag`` (its heap pair goes stale)."""
+        main = self._main[tag]
+        if h in main:
+            return main.pop(h)
+        _, handle = self._aside[tag].pop(h)
+        if not self._refs.get(h, 0):
+            self._aside_ready[tag] -= 1
+        return handle
+
+    def _ready_aside(self, tag: int, taken: list[tuple[int, Key]]) -> Iterator[tuple[Key, Handle]]:
+        """The ready entries set aside in ``tag``, in stamp order, popped
+        from the heap; each popped pair is appended to ``taken`` (to be
+        queued again unless its entry leaves)."""
+        heap, queued, aside, refs = self._heap[tag], self._queued[tag], self._aside[tag], self._refs
+        while heap:
+            stamp, h = heapq.heappop(heap)
+            if queued.get(h) != stamp:
+                continue  # superseded by a later pair
+            del queued[h]
+            entry = aside.get(h)
+            if entry is None or entry[0] != stamp or refs.get(h, 0):
+                continue  # no longer set aside with it, or busy: queued again when ready
+            taken.append((stamp, h))
+            yield h, entry[1]
+
     # -- changes ------------------------------------------------------------
 
     def _drop(self, h: Key) -> Handle:
         """Take a resident entry out of its order and out of the table."""
-        tag = self._tag.pop(h)
-        main = self._main[tag]
-        handle = main.pop(h) if h in main else self._parked[tag].pop(h)
+        handle = self._detach(h, self._tag.pop(h))
         ref = self._refs.pop(h, 0)
         if ref > 0:
             self.pinned -= 1
@@ -175,11 +277,13 @@ class PyBlockTable:
         self._resident -= 1
         return handle
 
-    def insert(self, hashes: Sequence[Key], handles: Sequence[Handle], tag: Any) -> None:
+    def insert(
+        self, hashes: Iterable[Key], handles: Iterable[Handle], tag: int | Iterable[int]
+    ) -> None:
         hashes, handles = list(hashes), list(handles)
         if len(hashes) != len(handles):
             raise ValueError(f"{len(hashes)} hashes but {len(handles)} handles")
-        if type(tag) is int:
+        if isinstance(tag, int):
             tags = [_resident_tag(tag)] * len(hashes)
         else:
             tags = [_resident_tag(t) for t in tag]
@@ -201,42 +305,50 @@ class PyBlockTable:
         self._resident += len(hashes)
         self.in_flight += len(hashes)
 
-    def complete(self, hashes: Iterable[Key]) -> list[Key]:
+    def complete(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
+        aside = any(self._aside)  # else no entry can be set aside (the usual case)
         for h in done:
             del refs[h]
+            if aside:
+                self._ready_again(h)
         self.in_flight -= len(done)
         return done
 
-    def fail(self, hashes: Iterable[Key]) -> list[Handle]:
+    def fail(self, hashes: Iterable[Key], /) -> list[Handle]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         return [self._drop(h) for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
 
-    def pin(self, hashes: Iterable[Key]) -> list[Handle]:
+    def pin(self, hashes: Iterable[Key], /) -> list[Handle]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         for h in hashes:
             if refs.get(h, 0) < 0:
                 raise ValueError(h)
         handles = []
+        aside = any(self._aside)
         for h in hashes:
             n = refs.get(h, 0)
+            tag = self._tag[h]
             if not n:
                 self.pinned += 1
+                if aside and h in self._aside[tag]:
+                    self._aside_ready[tag] -= 1  # its heap pair goes stale
             refs[h] = n + 1
-            handles.append(self._handle(h, self._tag[h]))
+            handles.append(self._handle(h, tag))
         return handles
 
-    def unpin(self, hashes: Iterable[Key]) -> list[Key]:
+    def unpin(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         for h, k in Counter(hashes).items():
             if refs.get(h, 0) < k:
                 raise ValueError(h)
         released = []
+        aside = any(self._aside)
         for h in hashes:
             n = refs[h] - 1
             if n:
@@ -245,13 +357,11 @@ class PyBlockTable:
             del refs[h]
             self.pinned -= 1
             released.append(h)
-            tag = self._tag[h]
-            parked = self._parked[tag]
-            if h in parked:
-                self._main[tag][h] = parked.pop(h)
+            if aside:
+                self._ready_again(h)
         return released
 
-    def remove(self, h: Key) -> Handle:
+    def remove(self, h: Key, /) -> Handle:
         if self._tag.get(h, TAGS) >= RESIDENT_TAGS:
             return None
         return self._drop(h)
@@ -261,33 +371,24 @@ class PyBlockTable:
         old = self._tag.get(h, TAGS)
         if old >= RESIDENT_TAGS:
             raise KeyError(h)
-        if h in self._parked[old]:
-            raise ValueError(h)
-        main = self._main[tag]
-        main[h] = self._main[old].pop(h)
+        handle = self._detach(h, old)
         self._tag[h] = tag
-        if not last:
-            main.move_to_end(h, last=False)
+        if last:
+            self._main[tag][h] = handle
+        else:
+            self._set_aside(h, tag, handle, self._early)
+            self._early -= 1
 
     def relist(self, hashes: Iterable[Key], tag: int) -> None:
         tag = _resident_tag(tag)
         hashes = self._resident_list(hashes)
         main = self._main[tag]
         for h in hashes:
-            old = self._tag[h]
-            om = self._main[old]
-            handle = om.pop(h) if h in om else self._parked[old].pop(h)
-            main[h] = handle
+            main[h] = self._detach(h, self._tag[h])
             self._tag[h] = tag
 
-    def clear_tag(self, tag: int) -> None:
-        ghosts = self._ghosts[_ghost_tag(tag)]
-        for h in ghosts:
-            del self._tag[h]
-        ghosts.clear()
-
     def trim(self, tag: int, keep: int) -> int:
-        ghosts = self._ghosts[_ghost_tag(tag)]
+        ghosts = self._ghosts[_ghost_tag(tag) - RESIDENT_TAGS]
         if type(keep) is not int or keep < 0:
             raise ValueError(f"keep must be an int >= 0, got {keep!r}")
         drop = max(0, len(ghosts) - keep)
@@ -298,24 +399,22 @@ class PyBlockTable:
 
     # -- touch ----------------------------------------------------------------
 
-    def set_touch_rules(
-        self,
-        ready: Sequence[int],
-        in_flight: Sequence[int],
-        parked: Sequence[int],
-        ghosts: bool,
-    ) -> None:
-        rules = (
-            _rules("ready", ready, stay=False),
-            _rules("in_flight", in_flight, stay=True),
-            _rules("parked", parked, stay=False),
-        )
-        self._ready_to, self._in_flight_to, self._parked_to = rules
-        self._touch_ghosts = bool(ghosts)
+    def set_touch_rules(self, rules: TouchRules, /) -> None:
+        if not isinstance(rules, TouchRules):
+            raise TypeError(f"set_touch_rules() takes a TouchRules, got {rules!r}")
+        self._ready_to, self._in_flight_to = rules.moves()
+        self._touch_ghosts = rules.ghosts
 
-    def touch(self, hashes: Sequence[Key]) -> list[int] | None:
-        tags, refs = self._tag, self._refs
-        mains, parkeds = self._main, self._parked
+    def forget_policy(self) -> None:
+        for ghosts in self._ghosts:
+            for h in ghosts:
+                del self._tag[h]
+            ghosts.clear()
+        self._ready_to, self._in_flight_to = _DEFAULT_MOVES
+        self._touch_ghosts = False
+
+    def touch(self, hashes: Iterable[Key], /) -> list[int] | None:
+        tags, refs, mains = self._tag, self._refs, self._main
         hits: list[int] | None = None
         # every hash is looked up before anything moves (a key whose hash
         # raises changes nothing); a visit changes only its own entry's tag
@@ -329,21 +428,15 @@ class PyBlockTable:
                         hits = []
                     hits.append(tag)
                 continue
+            dest = self._ready_to[tag] if refs.get(h, 0) >= 0 else self._in_flight_to[tag]
+            if dest < 0:
+                continue
             main = mains[tag]
-            if h in main:
-                dest = self._ready_to[tag] if refs.get(h, 0) >= 0 else self._in_flight_to[tag]
-                if dest < 0:
-                    continue
-                if dest == tag:
-                    main.move_to_end(h)
-                else:
-                    mains[dest][h] = main.pop(h)
-                    tags[h] = dest
+            if dest == tag and h in main:
+                main.move_to_end(h)
             else:
-                dest = self._parked_to[tag]
-                if dest != tag:
-                    parkeds[dest][h] = parkeds[tag].pop(h)
-                    tags[h] = dest
+                mains[dest][h] = self._detach(h, tag)
+                tags[h] = dest
         return hits
 
     # -- eviction ---------------------------------------------------------------
@@ -351,81 +444,95 @@ class PyBlockTable:
     def evict(
         self,
         a: int,
-        b: int,
-        first: int,
         n: int,
         protected: Container[Key],
-        ghost_a: int = -1,
-        ghost_b: int = -1,
+        *,
+        b: int | None = None,
+        first: int | None = None,
+        ghost_a: int | None = None,
+        ghost_b: int | None = None,
     ) -> tuple[list[Key], list[Handle], int] | None:
         a = _resident_tag(a)
-        lists = [a] if b == -1 else [a, _resident_tag(b)]
+        lists = [a] if b is None else [a, _resident_tag(b)]
         if b == a:
-            raise ValueError(f"a and b must be different tags, got {a} twice")
-        ghost_of = [ghost_a, ghost_b]
-        for g in ghost_of[: len(lists)]:
-            if g != -1:
-                _ghost_tag(g)
-        for name, value in (("first", first), ("n", n)):
-            if type(value) is not int:
-                raise TypeError(f"{name} must be an int, got {value!r}")
+            raise ValueError(f"a and b must be different lists, got {a} twice")
+        ghost_of = [None if g is None else _ghost_tag(g) for g in (ghost_a, ghost_b)]
+        if type(n) is not int:
+            raise TypeError(f"n must be an int, got {n!r}")
+        if first is not None and type(first) is not int:
+            raise TypeError(f"first must be an int or None, got {first!r}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        first = max(0, min(first, n))
+        first = n if first is None else max(0, min(first, n))
         if n == 0:
             return [], [], 0
-        if n > sum(len(self._main[t]) for t in lists):
+        if n > sum(len(self._main[t]) + self._aside_ready[t] for t in lists):
             return None
         refs = self._refs
-        # walk each list's main order from its oldest end, lazily
-        walks = [iter(self._main[t].items()) for t in lists]  # nothing moves until commit
-        passed: list[tuple[list[Key], list[Key]]] = [([], []) for _ in lists]
+        ok = False
+        # each list is walked lazily: its ready entries set aside (popped
+        # from its heap), then its entries in line; nothing else moves until
+        # the victims are known
+        taken: list[list[tuple[int, Key]]] = [[] for _ in lists]
+        walks = [
+            chain(self._ready_aside(t, taken[i]), self._main[t].items())
+            if self._heap[t]
+            else iter(self._main[t].items())
+            for i, t in enumerate(lists)
+        ]
+        passed: list[list[Key]] = [[] for _ in lists]  # entries in line walked past
         victims: list[list[tuple[Key, Handle]]] = [[] for _ in lists]
 
         def walk(i: int, want: int) -> None:
-            found = victims[i]
+            found, aside = victims[i], self._aside[lists[i]]
             if len(found) >= want:
                 return
-            pinned, flying = passed[i]
             for h, handle in walks[i]:
                 self.walked += 1
-                r = refs.get(h, 0)
-                if r > 0:
-                    pinned.append(h)
-                elif r < 0:
-                    flying.append(h)
-                elif h not in protected:
-                    found.append((h, handle))
-                    if len(found) >= want:
-                        return
+                if refs.get(h, 0) or h in protected:
+                    if h not in aside:
+                        passed[i].append(h)
+                    continue
+                found.append((h, handle))
+                if len(found) >= want:
+                    return
 
-        walk(0, first)
-        if len(lists) == 2 and len(victims[0]) < n:
-            walk(1, n - len(victims[0]))
-        total = sum(map(len, victims))
-        if total < n:
-            walk(0, n - total + len(victims[0]))
-        if sum(map(len, victims)) < n:
+        try:
+            walk(0, first)
+            if len(lists) == 2 and len(victims[0]) < n:
+                walk(1, n - len(victims[0]))
+            total = sum(map(len, victims))
+            if total < n:
+                walk(0, n - total + len(victims[0]))
+            ok = sum(map(len, victims)) == n
+        finally:
+            for i, t in enumerate(lists):
+                if taken[i]:  # popped from the heap: back unless evicted
+                    gone = {h for h, _ in victims[i]} if ok else set()
+                    for stamp, h in taken[i]:
+                        if h not in gone:
+                            self._queue(t, h, stamp)
+        if not ok:
             return None
         hashes: list[Key] = []
         handles: list[Handle] = []
         for i, t in enumerate(lists):
-            main = self._main[t]
-            ghost = ghost_of[i]
+            ghost, main = ghost_of[i], self._main[t]
             for h, handle in victims[i]:
-                del main[h]
+                if h in main:
+                    del main[h]
+                else:
+                    self._detach(h, t)
                 hashes.append(h)
                 handles.append(handle)
-                if ghost == -1:
+                if ghost is None:
                     del self._tag[h]
                 else:
                     self._tag[h] = ghost
                     self._ghosts[ghost - RESIDENT_TAGS][h] = None
-            pinned, flying = passed[i]
-            for h in pinned:
-                self._parked[t][h] = main.pop(h)
-            for h in flying:
-                main.move_to_end(h)
+            for h in passed[i]:  # in walking order: later stamps than any before
+                self._set_aside(h, t, main.pop(h), self._late)
+                self._late += 1
         self._resident -= n
         return hashes, handles, len(victims[0])
 
@@ -479,19 +586,20 @@ def _choose() -> tuple[type, str]:
 _CHOSEN = _choose()
 #: which block table managers use: ``"c"`` or ``"python"``
 IMPLEMENTATION: str = _CHOSEN[1]
-if TYPE_CHECKING:  # both have PyBlockTable's interface
-    BlockTable = PyBlockTable
+if TYPE_CHECKING:  # both have the interface kvoffload/_table.pyi declares
+    from kvoffload._table import BlockTable
 else:
     #: the block table a manager uses: the C one when it was built
     BlockTable = _CHOSEN[0]
 
 __all__ = [
-    "DEFAULT_TOUCH_RULES",
     "IMPLEMENTATION",
     "NO_TAG",
     "RESIDENT_TAGS",
+    "STAY",
     "TAGS",
     "BlockTable",
     "PyBlockTable",
     "TableList",
+    "TouchRules",
 ]

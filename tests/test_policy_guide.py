@@ -44,12 +44,13 @@ def test_guide_example_is_a_working_policy(monkeypatch: pytest.MonkeyPatch) -> N
         assert out is not None
         m.complete_store([h])
     m.touch([hashes[0]])  # FIFO ignores it: 0 still goes first
-    m.prepare_load([hashes[1]])  # pinned: parked, 2 goes next
+    m.prepare_load([hashes[1]])  # pinned: passed, 2 goes next
     out = m.prepare_store(hashes[3:5])
     assert out is not None and out.block_hashes_evicted == [hashes[0], hashes[2]]
     assert m.lookup([hashes[1]]) == 1
+    assert m.stats().lists == {"fifo": 3}  # the list's name, as the IntEnum says
     m.switch_policy("lru")  # live switch out of the new policy keeps every block
-    assert len(m) == 3 and m.stats().counters.evictions["fifo"] == 2
+    assert len(m) == 3 and m.stats().counters.evictions == {"fifo": 2, "lru": 0}
 
 
 def test_guide_example_runs_through_replay_import(tmp_path: Path) -> None:

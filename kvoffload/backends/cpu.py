@@ -9,6 +9,8 @@ from kvoffload.backend import Backend, BlockStatus
 from kvoffload.errors import BlockStateError, ConfigError
 from kvoffload.mediums import CPULoadStoreSpec
 
+__all__ = ["CPUBackend", "CPUBlockStatus"]
+
 
 class CPUBlockStatus(BlockStatus):
     """A CPU block: its status plus its slot index in the CPU tier."""

@@ -1,9 +1,10 @@
 """Eviction policies and their registry.
 
 Adding a policy is one module with an :class:`EvictionPolicy` subclass plus
-one entry in :data:`_REGISTRY`; modules are imported only when the policy is
-first used. A policy orders the blocks of a manager's
-:class:`~kvoffload.table.BlockTable`; it is made by the manager.
+one :func:`register_policy` call (or an entry in :data:`_REGISTRY`); modules
+are imported only when the policy is first used. A policy orders the blocks
+of a manager's :class:`~kvoffload.table.BlockTable`; it is made by the
+manager. ``docs/writing-a-policy.md`` walks through one.
 """
 
 from __future__ import annotations
@@ -12,9 +13,18 @@ import importlib
 
 from kvoffload.errors import PolicyError
 from kvoffload.policies.base import EvictionPolicy, Victims
-from kvoffload.table import BlockTable
+from kvoffload.table import STAY, BlockTable, TouchRules
 
-__all__ = ["EvictionPolicy", "Victims", "available_policies", "create_policy", "policy_class"]
+__all__ = [
+    "STAY",
+    "EvictionPolicy",
+    "TouchRules",
+    "Victims",
+    "available_policies",
+    "create_policy",
+    "policy_class",
+    "register_policy",
+]
 
 #: policy name -> "module:ClassName"
 _REGISTRY: dict[str, str] = {

@@ -66,7 +66,9 @@ from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2, TwoListPolicy
 from kvoffload.policies.base import Victims
-from kvoffload.table import BlockTable
+from kvoffload.table import STAY, TouchRules
+
+__all__ = ["GHOST_FACTOR", "KVARCPolicy"]
 
 #: ghosts remembered, in multiples of the capacity
 GHOST_FACTOR = 2
@@ -78,21 +80,12 @@ class KVARCPolicy(TwoListPolicy):
 
     name = "kvarc"
     initial_target_share = 0.5  # no evidence either way
-
-    def __init__(self, capacity: int, table: BlockTable) -> None:
-        super().__init__(capacity, table)
-        # touch is the table's rules alone: no Python frame per touch
-        self.touch = table.touch  # type: ignore[method-assign,assignment]
-
-    def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
-        # A T1 block used again moves to T2. One whose store is in flight
-        # stays where insert filed it: vLLM's scheduler touches a request's
-        # blocks right after prepare_store, which is not a second use, and
-        # moving them would undo the tail-first filing and the cold tail.
-        # A parked (pinned) T1 block used again is T2's when released.
-        # Ghosts are counted when stored again, not when touched.
-        self.table.set_touch_rules((T2, T2, 2, 3), (-1, T2, 2, 3), (T2, T2, 2, 3), False)
-        super().seed(items)
+    # A T1 block used again moves to T2. One whose store is in flight stays
+    # where insert filed it: vLLM's scheduler touches a request's blocks
+    # right after prepare_store, which is not a second use, and moving them
+    # would undo the tail-first filing and the cold tail. Ghosts are counted
+    # when stored again, not when touched.
+    touch_rules = TouchRules(ready={T1: T2}, in_flight={T1: STAY})
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         if not block_hashes:
@@ -125,14 +118,12 @@ class KVARCPolicy(TwoListPolicy):
         # then T2, then T1 again
         table = self.table
         first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
-        picked = self._evict(n, protected, first)
-        if picked is None:
-            return None
-        victims, n1, n2 = picked
-        # Each ghost list keeps at least `bound` hashes; trimmed in batches
-        # once it holds twice that.
-        bound = GHOST_FACTOR * self.capacity
-        for tag, taken in ((B1, n1), (B2, n2)):
-            if taken and table.size(tag) > 2 * bound:
-                table.trim(tag, bound)
+        victims = self._evict(n, protected, first)
+        if victims is not None:
+            # Each ghost list keeps at least `bound` hashes; trimmed in
+            # batches once it holds twice that.
+            bound = GHOST_FACTOR * self.capacity
+            for tag in (B1, B2):
+                if table.size(tag) > 2 * bound:
+                    table.trim(tag, bound)
         return victims

@@ -3,46 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from enum import IntEnum
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.base import EvictionPolicy, Victims
-from kvoffload.table import BlockTable
 
-LRU = 0  # the table tag of the one list
+__all__ = ["LRU", "LRUList", "LRUPolicy"]
+
+
+class LRUList(IntEnum):
+    LRU = 0  # the one list, least recently used first
+
+
+LRU = int(LRUList.LRU)  # a plain int is quicker to pass to the table
 
 
 class LRUPolicy(EvictionPolicy):
-    """One list in recency order; the least recently used evictable block goes.
-
-    A pinned block that an eviction passes is parked until its last load
-    completes; it then comes back as the most recently used (it was in use
-    until then). A block whose store is in flight moves to the recent end.
-    """
+    """One list in recency order; the least recently used evictable block
+    goes. A touch moves a block to the most recent end (the default touch
+    rules). A busy block an eviction passes keeps its place, as in vLLM."""
 
     name = "lru"
-    list_names = ("lru",)
-    resident_tags = (LRU,)
-
-    def __init__(self, capacity: int, table: BlockTable) -> None:
-        super().__init__(capacity, table)
-        self.evictions = {"lru": 0}
-        # the table's touch (with its default rules) is LRU's: no Python frame
-        self.touch = table.touch  # type: ignore[method-assign,assignment]
-
-    def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
-        # the table's default touch rules are LRU's
-        self.table.relist([h for h, _ in items], LRU)
+    lists = LRUList
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         self.table.insert(block_hashes, blocks, LRU)
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
-        picked = self.table.evict(LRU, -1, n, n, protected)
-        if picked is None:
-            return None
-        self.evictions["lru"] += n
-        return picked[0], picked[1]
-
-    def list_sizes(self) -> dict[str, int]:
-        return {"lru": len(self.table)}
+        return self.evict_from(LRU, n, protected)

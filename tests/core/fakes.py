@@ -55,10 +55,9 @@ def ref_cnt(m: PolicyOffloadingManager, i: int | BlockHash) -> int | None:
 
 def table_state(table: Any) -> dict[str, Any]:
     """Every list of a block table in order (with each block's reference
-    count), the parked sizes and the counts."""
+    count) and the counts."""
     return {
         "lists": [[(h, handle, table.ref(h)) for h, handle in table.items(t)] for t in range(TAGS)],
-        "parked": [table.parked_size(t) for t in range(TAGS)],
         "counts": (len(table), table.pinned, table.in_flight),
     }
 

@@ -124,7 +124,7 @@ def _ghosts(m: ARCOffloadingManager, ghost_tag: int, *ids: int) -> None:
     hashes = bhs(*ids)
     table.insert(hashes, list(ids), spare)
     table.complete(hashes)
-    assert table.evict(spare, -1, len(ids), len(ids), (), ghost_tag) is not None
+    assert table.evict(spare, len(ids), (), ghost_a=ghost_tag) is not None
 
 
 def test_arc_b1_hit_raises_target_by_b2_over_b1_capped_at_capacity() -> None:
@@ -148,7 +148,7 @@ def test_arc_b2_hit_lowers_target_by_b1_over_b2_floored_at_zero() -> None:
     _ghosts(m, B2, 20, 21)
     m.touch(bhs(20))
     assert m.target_t1_size == pytest.approx(3.5)  # 6 - max(1, 5/2)
-    m.table.clear_tag(B1)
+    m.table.trim(B1, 0)
     _ghosts(m, B1, 10)
     m.touch(bhs(21))
     assert m.target_t1_size == pytest.approx(2.5)  # - max(1, 1/2)

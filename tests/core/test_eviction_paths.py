@@ -1,8 +1,8 @@
 """Batched eviction (the table's ``evict``, as the LRU and ARC policies
-drive it) picks exactly what a block-by-block scan picks, parks the pinned
-blocks it passes (in-flight ones move to the recent end), and a failed
-eviction changes nothing; on random states, for LRU and ARC, on both block
-tables (C and the Python reference)."""
+drive it) picks exactly what a block-by-block scan picks, leaves every other
+block in its place (busy ones it passed included, as vLLM's scan does), and
+a failed eviction changes nothing; on random states, for LRU and ARC, on
+both block tables (C and the Python reference)."""
 
 from __future__ import annotations
 
@@ -48,16 +48,9 @@ def _pick(state: State, n: int, protected: set[bytes]) -> list[bytes]:
     return [h for h, r in state if r == 0 and h not in protected][:n]
 
 
-def _after(state: State, victims: list[bytes], exhausted: bool = False) -> State:
-    """The list after evicting ``victims``. The busy entries the scan passed
-    (older than the last victim, or all of them if the scan reached the end)
-    leave their place: in-flight ones to the recent end of the order, pinned
-    ones to the parked table (listed last); the rest keep their order."""
-    scanned = state if exhausted else state[: state.index((victims[-1], 0))] if victims else []
-    in_flight = [e for e in scanned if e[1] < 0]
-    pinned = [e for e in scanned if e[1] > 0]
-    moved = in_flight + pinned
-    return [e for e in state if e[0] not in victims and e not in moved] + moved
+def _after(state: State, victims: list[bytes]) -> State:
+    """The list after evicting ``victims``: the others in their order."""
+    return [e for e in state if e[0] not in victims]
 
 
 def _protected(data: st.DataObject, hashes: list[bytes]) -> set[bytes]:
@@ -78,7 +71,7 @@ def test_lru_eviction_matches_a_scan(
     victims = p.evict(n, protected)
     if len(expected) < n:
         assert victims is None
-        assert _state(p, LRU) == before and not p.table.parked_size(LRU)  # nothing changed
+        assert _state(p, LRU) == before  # nothing changed
         return
     assert victims is not None and victims[0] == expected
     assert victims[1] == [int(h[1:]) for h in expected]  # the handles, in order
@@ -88,19 +81,17 @@ def test_lru_eviction_matches_a_scan(
 
 def _arc_pick(
     t1: State, t2: State, target: int, n: int, protected: set[bytes]
-) -> tuple[list[bytes], list[bytes], bool, bool] | None:
+) -> tuple[list[bytes], list[bytes]] | None:
     """ARC's choice spelled out: T1 while it is at or above the target, then
-    T2, then T1 again; and whether each list was scanned to its end."""
+    T2, then T1 again."""
     ev1 = _pick(t1, len(t1), protected)
     ev2 = _pick(t2, len(t2), protected)
     first = min(n, max(0, len(t1) - target + 1))
     v1 = ev1[:first]
-    done1 = len(v1) < first
     v2 = ev2[: n - len(v1)]
-    done2 = len(v2) < n - len(v1)
-    if len(v1) + len(v2) < n and not done1:
+    if len(v1) + len(v2) < n and len(v1) == first:
         v1 = ev1[: n - len(v2)]
-    return (v1, v2, done1, done2) if len(v1) + len(v2) == n else None
+    return (v1, v2) if len(v1) + len(v2) == n else None
 
 
 @pytest.mark.parametrize("table_cls", TABLES)
@@ -121,59 +112,58 @@ def test_arc_eviction_matches_its_definition(
     if expected is None:
         assert got is None
         assert (_state(p, T1), _state(p, T2)) == (before1, before2)
-        assert not (table.parked_size(T1) or table.parked_size(T2))
         assert not (table.size(B1) or table.size(B2))
         return
-    v1, v2, done1, done2 = expected
+    v1, v2 = expected
     assert got is not None and got[0] == v1 + v2
-    assert _state(p, T1) == _after(before1, v1, done1)
-    assert _state(p, T2) == _after(before2, v2, done2)
+    assert _state(p, T1) == _after(before1, v1)
+    assert _state(p, T2) == _after(before2, v2)
     assert (list(p.b1), list(p.b2)) == (v1, v2)
     assert p.evictions == {"t1": len(v1), "t2": len(v2)}
 
 
 @pytest.mark.parametrize("table_cls", TABLES)
-def test_lru_policy_parks_and_releases(table_cls: type) -> None:
+def test_lru_policy_keeps_a_passed_block_in_its_place(table_cls: type) -> None:
     p = _policy(LRUPolicy, table_cls, capacity=4)
     table = p.table
     p.insert([bh(1), bh(2), bh(3)], [10, 20, 30])
     table.complete([bh(1), bh(2), bh(3)])
     table.pin([bh(1)])
     assert p.evict(1, ()) == ([bh(2)], [20])
-    assert table.keys(LRU) == [bh(3), bh(1)] and table.parked_size(LRU) == 1
+    assert table.keys(LRU) == [bh(1), bh(3)]
     assert table.get(bh(1)) == 10 and bh(1) in table and len(table) == 2
     assert table.absent([bh(1), bh(3), bh(9)]) == [bh(9)]
-    assert table.unpin([bh(1)]) == [bh(1)]  # released: back, most recent
-    assert not table.parked_size(LRU) and table.keys(LRU) == [bh(3), bh(1)]
-    assert table.remove(bh(1)) == 10 and table.remove(bh(1)) is None
+    assert table.unpin([bh(1)]) == [bh(1)]  # released: still the oldest
+    assert p.evict(1, ()) == ([bh(1)], [10])
+    assert table.remove(bh(3)) == 30 and table.remove(bh(3)) is None
 
 
 @pytest.mark.parametrize("table_cls", TABLES)
-def test_arc_parked_t1_block_touched_while_pinned_returns_to_t2(table_cls: type) -> None:
+def test_arc_t1_block_passed_while_pinned_moves_to_t2_when_touched(table_cls: type) -> None:
     p = _policy(ARCPolicy, table_cls, capacity=8)
     table = p.table
     p.insert([bh(0), bh(1), bh(2)], [0, 1, 2])
     table.complete([bh(0), bh(1), bh(2)])
     table.pin([bh(0)])
     assert p.evict(1, ()) == ([bh(1)], [1])
-    assert table.parked_size(T1) == 1
-    p.touch([bh(0)])  # a second use while parked: T2's now
-    assert bh(0) in p.t2 and bh(0) not in p.t1 and table.parked_size(T2) == 1
+    assert list(p.t1) == [bh(0), bh(2)]
+    p.touch([bh(0)])  # a second use while pinned: T2's most recent, as vLLM's
+    assert bh(0) in p.t2 and bh(0) not in p.t1
     assert table.get(bh(0)) == 0  # handle 0 is found (not mistaken for a miss)
     table.unpin([bh(0)])
-    assert list(p.t2) == [bh(0)] and not table.parked_size(T2)
+    assert list(p.t2) == [bh(0)] and list(p.t1) == [bh(2)]
 
 
 @pytest.mark.parametrize("table_cls", TABLES)
 def test_table_list_is_a_mapping_in_eviction_order(table_cls: type) -> None:
     p = _policy(ARCPolicy, table_cls)
     _fill(p, T1, [1, 0, 0])  # handles 0, 1, 2; bh(0) pinned
-    assert p.evict(1, ()) == ([bh(1)], [1])  # bh(0) parked: last in eviction order
+    assert p.evict(1, ()) == ([bh(1)], [1])  # bh(0) pinned: passed, in its place
     t1 = p.t1
-    assert list(t1) == [bh(2), bh(0)] and len(t1) == 2
+    assert list(t1) == [bh(0), bh(2)] and len(t1) == 2
     assert t1[bh(0)] == 0 and t1.get(bh(0)) == 0  # handle 0 is a value, not a miss
     assert t1.get(bh(9)) is None and t1.get(bh(9), -1) == -1
-    assert dict(t1.items()) == {bh(2): 2, bh(0): 0}
+    assert list(t1.items()) == [(bh(0), 0), (bh(2), 2)]
     assert list(p.b1) == [bh(1)] and p.b1[bh(1)] is None and bh(1) not in t1
     with pytest.raises(KeyError):
         t1[bh(9)]

@@ -96,10 +96,11 @@ def test_lru_touch_walks_in_reverse() -> None:
     assert resident(m) == bhs(4, 3, 2, 1)
 
 
-def test_lru_blocks_passed_by_an_eviction_scan_are_parked_until_released() -> None:
-    """A pinned or in-flight block the scan passes is in use at that moment;
-    parking it keeps later scans from passing it again (defect 10), and it
-    comes back as the most recently used when the manager releases it."""
+def test_lru_blocks_passed_by_an_eviction_scan_keep_their_places() -> None:
+    """A pinned or in-flight block the scan passes stays where it is in
+    recency order, as in vLLM's ``OrderedDict`` (later scans skip it until it
+    is ready again: defect 10); when it is ready again it goes before the
+    blocks that were newer than it."""
     m = LRUOffloadingManager(CPUBackend(16, 6))
     store(m, 1, 2, 3, 4)
     m.prepare_store(bhs(5))
@@ -108,20 +109,21 @@ def test_lru_blocks_passed_by_an_eviction_scan_are_parked_until_released() -> No
     store(m, 6)
     out = m.prepare_store(bhs(7))
     assert out is not None and out.block_hashes_evicted == bhs(2)
-    assert resident(m) == bhs(3, 4, 5, 6, 7, 1)  # 1 parked: counts as most recent
+    assert resident(m) == bhs(1, 3, 4, 5, 6, 7)
     assert m.lookup(bhs(1)) == 1 and bh(1) in m and m.get_block(bh(1)) is not None
     m.complete_store(bhs(7))
-    m.complete_load(bhs(1))  # released: back as the most recent
-    assert resident(m) == bhs(3, 4, 5, 6, 7, 1)
+    m.complete_load(bhs(1))  # released: the oldest block again
+    assert resident(m) == bhs(1, 3, 4, 5, 6, 7)
     m.touch(bhs(3))
-    assert store(m, 8).block_hashes_evicted == bhs(4)
-    assert resident(m) == bhs(5, 6, 7, 1, 3, 8)
+    assert store(m, 8).block_hashes_evicted == bhs(1)
+    assert resident(m) == bhs(4, 5, 6, 7, 3, 8)
 
 
 def test_lru_policy_lists_and_seed() -> None:
     p = LRUPolicy(4, BlockTable())
-    assert p.list_names == ("lru",)
     assert p.list_sizes() == {"lru": 0}
+    assert (p.evictions, p.ghost_hits) == ({"lru": 0}, {})
+    assert p.touch == p.table.touch  # the table's own method: no Python frame
     m = LRUOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
     m.touch(bhs(1))

@@ -23,6 +23,7 @@ import os
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
+from enum import IntEnum
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvoffload.table import PyBlockTable
+from kvoffload.table import STAY, PyBlockTable, TouchRules
 
 PURE = os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0")
 
@@ -115,7 +116,7 @@ def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
         t.pinned,
         t.in_flight,
         [t.items(tag) for tag in range(8)],
-        [(t.size(tag), t.parked_size(tag)) for tag in range(8)],
+        [t.size(tag) for tag in range(8)],
         [(t.ref(k), t.tag_of(k), t.get(k), k in t) for k in keys],
     )
 
@@ -123,9 +124,9 @@ def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
 # -- the differential state machine ----------------------------------------
 
 N_KEYS = 12
+LISTS = [0, 1, 2, 3]
 ITERABLES = ["list", "tuple", "generator", "dict"]
 CONTAINERS = ["set", "frozenset", "dict", "list", "tuple", "bag"]
-GOOD_RULES = ((0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), False)
 
 
 class TableMachine(RuleBasedStateMachine):
@@ -137,7 +138,6 @@ class TableMachine(RuleBasedStateMachine):
         super().__init__()
         self.c = CBlockTable()
         self.p = PyBlockTable()
-        self.rules: tuple[Any, ...] = GOOD_RULES
         self.handles = 0
 
     # helpers
@@ -180,7 +180,7 @@ class TableMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def seed(self, data: st.DataObject) -> None:
         """Start busy (Hypothesis likes short, repetitive programs): entries
-        in several lists, ready, in flight, pinned and parked, and ghosts."""
+        in several lists, ready, in flight, pinned, set aside, and ghosts."""
         order = data.draw(st.permutations(range(N_KEYS)))
         n = data.draw(st.integers(0, N_KEYS))
         tags = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
@@ -192,10 +192,12 @@ class TableMachine(RuleBasedStateMachine):
         self.both("pin", lambda: ((self.k(pinned),), {}))
         for _ in range(data.draw(st.integers(0, 3))):
             a = data.draw(st.integers(0, 3))
-            b = data.draw(st.sampled_from([-1, *(t for t in range(4) if t != a)]))
+            b = data.draw(st.sampled_from([None, *(t for t in range(4) if t != a)]))
             n_evict = data.draw(st.integers(1, 3))
-            ghosts = data.draw(st.tuples(st.integers(4, 7), st.sampled_from([-1, 4, 5, 6, 7])))
-            self.both("evict", lambda: ((a, b, 1, n_evict, (), *ghosts), {}))  # noqa: B023
+            ga = data.draw(st.integers(4, 7))
+            gb = data.draw(st.sampled_from([None, 4, 5, 6, 7]))
+            kwargs = {"b": b, "first": 1, "ghost_a": ga, "ghost_b": gb}
+            self.both("evict", lambda: ((a, n_evict, ()), kwargs))  # noqa: B023
 
     # changing
 
@@ -236,42 +238,38 @@ class TableMachine(RuleBasedStateMachine):
     def by_hashes(self, data: st.DataObject, name: str) -> None:
         idxs = self.idxs(data, resident=True)
         if name in ("pin", "unpin") and data.draw(st.integers(0, 3)):
-            # mostly the ones that can: ready ones for pin, pinned ones (often
-            # the parked ones) for unpin
+            # mostly the ones that can: ready ones for pin, pinned ones for unpin
             refs = [(i, self.p.ref(self.make_key(i))) for i in self.pool(True)]
             able = [i for i, r in refs if r is not None and (r >= 0 if name == "pin" else r > 0)]
-            parked = self.parked()
-            if name == "unpin" and parked and data.draw(st.booleans()):
-                able = parked
+            if able:
                 idxs = data.draw(st.lists(st.sampled_from(able), min_size=1, max_size=4))
         kind = data.draw(st.sampled_from(ITERABLES[:3]))
         self.both(name, lambda: ((as_iterable(kind, self.k(idxs)),), {}))
 
-    def parked(self) -> list[int]:
-        keys = [
-            k for t in range(4) for k in self.p.keys(t)[self.p.size(t) - self.p.parked_size(t) :]
-        ]
-        return [i for i in range(N_KEYS) if self.make_key(i) in keys]
+    def pinned(self) -> list[int]:
+        refs = [(i, self.p.ref(self.make_key(i))) for i in range(N_KEYS)]
+        return [i for i, r in refs if r is not None and r > 0]
 
     @rule(data=st.data(), tag=st.integers(0, 3))
-    def park(self, data: st.DataObject, tag: int) -> None:
-        """complete a list, pin its oldest entries, then evict past them"""
-        main = self.p.keys(tag)[: self.p.size(tag) - self.p.parked_size(tag)]
-        idxs = [i for i in range(N_KEYS) if self.make_key(i) in main]
-        self.both("complete", lambda: ((self.k(idxs),), {}))
-        oldest = [i for i in range(N_KEYS) if self.make_key(i) in main[:2]]
-        if oldest:
-            pins = data.draw(st.lists(st.sampled_from(oldest), min_size=1, max_size=3))
+    def pass_busy(self, data: st.DataObject, tag: int) -> None:
+        """pin some of a list's oldest entries, then evict past them (they
+        and the in-flight ones are set aside)"""
+        oldest = self.p.keys(tag)[:3]
+        keys = [(i, self.make_key(i)) for i in range(N_KEYS)]
+        ready = [i for i, k in keys if k in oldest and self.p.ref(k) == 0]
+        if ready:
+            pins = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3))
             self.both("pin", lambda: ((self.k(pins),), {}))
         n = data.draw(st.integers(1, 2))
-        ghost = data.draw(st.sampled_from([-1, 4, 5]))
-        self.both("evict", lambda: ((tag, -1, n, n, (), ghost), {}))
+        ghost = data.draw(st.sampled_from([None, 4, 5]))
+        self.both("evict", lambda: ((tag, n, ()), {"ghost_a": ghost}))
 
-    @precondition(lambda self: any(self.p.parked_size(t) for t in range(4)))
+    @precondition(lambda self: self.pinned())
     @rule(data=st.data())
-    def unpin_parked(self, data: st.DataObject) -> None:
-        """unpin parked entries, often as many times as they are pinned"""
-        idxs = data.draw(st.lists(st.sampled_from(self.parked()), min_size=1, max_size=3))
+    def release(self, data: st.DataObject) -> None:
+        """unpin pinned entries, often as many times as they are pinned
+        (entries set aside become evictable again, in their place)"""
+        idxs = data.draw(st.lists(st.sampled_from(self.pinned()), min_size=1, max_size=3))
         if data.draw(st.integers(0, 3)):
             distinct = list(dict.fromkeys(idxs))
             idxs = [i for i in distinct for _ in range(self.p.ref(self.make_key(i)) or 0)]
@@ -294,9 +292,9 @@ class TableMachine(RuleBasedStateMachine):
         idxs = self.idxs(data, 4, resident=True)
         self.both("relist", lambda: ((self.k(idxs), tag), {}))
 
-    @rule(tag=st.sampled_from([4, 5, 6, 7, 4, 5, 6, 7, 0, 8]))
-    def clear_tag(self, tag: int) -> None:
-        self.both("clear_tag", lambda: ((tag,), {}))
+    @rule()
+    def forget_policy(self) -> None:
+        self.both("forget_policy", lambda: ((), {}))
 
     @rule(tag=st.sampled_from([4, 5, 6, 7, 4, 5, 6, 7, 3, 8]), keep=st.integers(-1, 4))
     def trim(self, tag: int, keep: int) -> None:
@@ -304,32 +302,10 @@ class TableMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def set_touch_rules(self, data: st.DataObject) -> None:
-        res = st.integers(0, 3)
-        rules: list[Any] = [
-            data.draw(st.tuples(res, res, res, res)),
-            data.draw(st.tuples(*[st.integers(-1, 3)] * 4)),
-            data.draw(st.tuples(res, res, res, res)),
-            data.draw(st.booleans()),
-        ]
-        if data.draw(st.integers(0, 4)) == 0:  # one bad rule
-            which = data.draw(st.integers(0, 2))
-            bad = list(rules[which])
-            if data.draw(st.booleans()):
-                bad[data.draw(st.integers(0, 3))] = data.draw(st.sampled_from([4, -2, True]))
-            else:
-                bad = bad[:3]
-            rules[which] = bad
-        if data.draw(st.booleans()):
-            rules[:3] = [list(r) for r in rules[:3]]
-        outcome = self.both("set_touch_rules", lambda: (tuple(rules), {}))
-        if outcome[0] == "returned":
-            self.rules = tuple(rules)
-        else:
-            # PyBlockTable.set_touch_rules sets `ready` before it checks the
-            # others (test_bad_touch_rules_change_nothing): start both again
-            # from the rules in force
-            self.c.set_touch_rules(*self.rules)
-            self.p.set_touch_rules(*self.rules)
+        moves = st.dictionaries(st.sampled_from(LISTS), st.sampled_from(LISTS), max_size=4)
+        in_flight = st.dictionaries(st.sampled_from(LISTS), st.sampled_from([STAY, *LISTS]))
+        rules = TouchRules(data.draw(moves), data.draw(in_flight), data.draw(st.booleans()))
+        self.both("set_touch_rules", lambda: ((rules,), {}))
 
     @rule(data=st.data())
     def touch(self, data: st.DataObject) -> None:
@@ -339,29 +315,26 @@ class TableMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
-        busy = [t for t in range(4) if self.p.size(t) > self.p.parked_size(t)]
+        busy = [t for t in range(4) if self.p.size(t)]
         if busy and data.draw(st.integers(0, 4)):
             a = data.draw(st.sampled_from(busy))
             others = [t for t in busy if t != a]
-            b = data.draw(st.sampled_from(others)) if others and data.draw(st.booleans()) else -1
+            b = data.draw(st.sampled_from(others)) if others and data.draw(st.booleans()) else None
         else:
             a = data.draw(st.sampled_from([0, 1, 2, 3, 4]))
-            b = data.draw(st.sampled_from([-1, *(t for t in range(4) if t != a), 5]))
-        first = data.draw(st.integers(-1, 4))
+            b = data.draw(st.sampled_from([None, *(t for t in range(4) if t != a), 5, a]))
+        first = data.draw(st.sampled_from([None, -1, 0, 1, 2, 3, 4]))
         n = data.draw(st.sampled_from([1, 2, 3, 1, 2, 3, 4, 0]))
         protected = self.idxs(data, 3) if data.draw(st.booleans()) else []
         container = data.draw(st.sampled_from(CONTAINERS))
-        ghost = st.sampled_from([-1, 4, 5, 6, 7, 4, 5, -1, 2])
-        ghosts = data.draw(st.tuples(ghost, ghost))
-        how = data.draw(st.sampled_from(["positional", "keywords", "default"]))
+        ghost = st.sampled_from([None, 4, 5, 6, 7, 4, 5, None, 2])
+        kwargs = {"first": first, "ghost_a": data.draw(ghost), "ghost_b": data.draw(ghost)}
+        if b is not None or data.draw(st.booleans()):
+            kwargs["b"] = b
+        kwargs = {k: v for k, v in kwargs.items() if v is not None or data.draw(st.booleans())}
 
         def build() -> tuple[tuple[Any, ...], dict[str, Any]]:
-            args: tuple[Any, ...] = (a, b, first, n, as_container(container, self.k(protected)))
-            if how == "positional":
-                return (*args, *ghosts), {}
-            if how == "keywords":
-                return args, {"ghost_a": ghosts[0], "ghost_b": ghosts[1]}
-            return args, {}
+            return (a, n, as_container(container, self.k(protected))), kwargs
 
         self.both("evict", build)
 
@@ -380,7 +353,7 @@ class TableMachine(RuleBasedStateMachine):
 
     @rule(
         tag=st.sampled_from([0, 3, 4, 7, 8, -1, True]),
-        name=st.sampled_from(["size", "parked_size", "items", "keys"]),
+        name=st.sampled_from(["size", "items", "keys"]),
     )
     def by_tag(self, tag: int, name: str) -> None:
         self.both(name, lambda: ((tag,), {}))
@@ -427,15 +400,17 @@ TestCustomKeys.settings = MACHINE_SETTINGS
 
 def busy_table(impl: Any) -> Any:
     """A table with every kind of entry: ready (5, 9), in flight (6, 7, 10,
-    11), pinned and parked (1, 2), ghosts (0, 4 in 4; 8 in 5; 3 in 6), in
+    11), pinned and set aside (1, 2), ghosts (0, 4 in 4; 8 in 5; 3 in 6), in
     three resident lists."""
     t = impl()
     t.insert([bytes_key(i) for i in range(8)], list(range(8)), 0)
     t.insert([bytes_key(i) for i in range(8, 12)], list(range(8, 12)), [1, 1, 2, 2])
     t.complete([bytes_key(i) for i in (0, 1, 2, 3, 4, 5, 8, 9)])
     t.pin([bytes_key(1), bytes_key(2), bytes_key(2)])
-    assert t.evict(0, 1, 2, 3, {bytes_key(3)}, 4, 5) is not None  # parks 1 and 2
-    assert t.evict(0, -1, 1, 1, (), 6) is not None
+    assert (
+        t.evict(0, 3, {bytes_key(3)}, b=1, first=2, ghost_a=4, ghost_b=5) is not None
+    )  # sets 1, 2, 3 aside
+    assert t.evict(0, 1, (), ghost_a=6) is not None
     return t
 
 
@@ -443,7 +418,8 @@ def test_busy_table_is_busy() -> None:
     c, p = busy_table(CBlockTable), busy_table(PyBlockTable)
     keys = [bytes_key(i) for i in range(12)]
     assert state(c, keys) == state(p, keys)
-    assert c.parked_size(0) == 2 and c.size(4) == 2 and c.size(5) == 1 and c.size(6) == 1
+    assert c.keys(0) == [bytes_key(i) for i in (1, 2, 5, 6, 7)]
+    assert c.size(4) == 2 and c.size(5) == 1 and c.size(6) == 1
     assert c.in_flight == 4 and c.pinned == 2
     c._check()
 
@@ -456,23 +432,60 @@ def test_evict_walks_as_the_spec_says(impl: Any) -> None:
     t.insert([b"b1", b"b2"], [7, 8], 1)
     t.complete([b"a1", b"a2", b"a4", b"a5", b"a6", b"b1", b"b2"])
     t.pin([b"a2"])
-    assert t.evict(0, 1, 1, 6, {b"a4"}, 4, 4) is None  # 5 victims at most: nothing changes
-    assert t.items(0) == [(h, i) for i, h in enumerate(a, 1)] and t.parked_size(0) == 0
-    # a's walk: a1; b's: b1, b2; a's again: a2 pinned, a3 in flight, a4 protected, a5
-    got = t.evict(0, 1, 1, 4, {b"a4"}, 4, 4)
-    assert got == ([b"a1", b"a5", b"b1", b"b2"], [1, 5, 7, 8], 2)
+    assert (
+        t.evict(0, 6, {b"a4"}, b=1, first=1, ghost_a=4, ghost_b=4) is None
+    )  # 5 victims at most: nothing changes
+    assert t.items(0) == [(h, i) for i, h in enumerate(a, 1)] and t.walked == 8
+    t.evict(0, 6, {b"a4"}, b=1, first=1, ghost_a=4, ghost_b=4)
+    assert t.walked == 16  # nothing set aside: the same walk again
+    # a's walk: a1; b's: b1, b2; a's again: a2 pinned, a3 in flight, a4
+    # protected (all three set aside, in their places), a5
+    got = t.evict(0, 4, {b"a4"}, b=1, first=1, ghost_a=4, ghost_b=4)
+    assert got == ([b"a1", b"a5", b"b1", b"b2"], [1, 5, 7, 8], 2) and t.walked == 23
     assert t.keys(4) == [b"a1", b"a5", b"b1", b"b2"]  # a's victims first, then b's
-    assert t.items(0) == [(b"a4", 4), (b"a6", 6), (b"a3", 3), (b"a2", 2)]  # a2 parked
-    assert (t.parked_size(0), t.size(0), t.size(1), len(t)) == (1, 4, 0, 4)
-    assert t.evict(0, -1, 0, 0, ()) == ([], [], 0)
-    # first=0 takes from b first; ghost_b=-1 keeps no ghost
+    assert t.items(0) == [(b"a2", 2), (b"a3", 3), (b"a4", 4), (b"a6", 6)]
+    assert (t.size(0), t.size(1), len(t)) == (4, 0, 4)
+    assert t.evict(0, 0, ()) == ([], [], 0)
+    # first=0 takes from b first; ghost_b=-1 keeps no ghost. Of the entries
+    # set aside only the ready a4 is looked at (first: the oldest)
     t.insert([b"b3"], [9], 1)
     t.complete([b"b3"])
-    assert t.evict(0, 1, 0, 2, (), 5) == ([b"a4", b"b3"], [4, 9], 1)
+    assert (
+        t.evict(0, 2, (), b=1, first=0, ghost_a=5) == ([b"a4", b"b3"], [4, 9], 1) and t.walked == 25
+    )
     assert t.keys(5) == [b"a4"] and t.tag_of(b"b3") == -1
-    # release: the parked a2 goes back to the most recent end of its main order
+    # released and completed, a2 and a3 are evictable again, in their places
     assert t.unpin([b"a2"]) == [b"a2"]
-    assert t.keys(0) == [b"a6", b"a3", b"a2"] and t.parked_size(0) == 0
+    assert t.complete([b"a3"]) == [b"a3"]
+    assert t.keys(0) == [b"a2", b"a3", b"a6"]
+    assert t.evict(0, 2, (), first=9) == ([b"a2", b"a3"], [2, 3], 2) and t.walked == 27
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_busy_entries_an_eviction_passes_keep_their_places(impl: Any) -> None:
+    """What vLLM's managers do (they scan past busy blocks and leave them):
+    when a busy entry is ready again it is where it was, older than every
+    entry still in line; entries set aside in one eviction keep the order
+    they had, and an entry set aside later is newer than one set aside
+    earlier. A touch moves an entry set aside to the most recent end."""
+    t = impl()
+    keys = [b"k%d" % i for i in range(10)]
+    t.insert(keys, list(range(10)), 0)
+    t.complete(keys[1:])  # k0 in flight
+    t.pin([keys[2], keys[5]])
+    assert t.evict(0, 2, {keys[3]}) == ([keys[1], keys[4]], [1, 4], 2)  # k0, k2, k3 aside
+    t.pin([keys[6]])
+    assert t.evict(0, 2, ()) == ([keys[3], keys[7]], [3, 7], 2)  # k3 first; k5, k6 aside
+    assert t.keys(0) == [keys[0], keys[2], keys[5], keys[6], keys[8], keys[9]]
+    t.unpin([keys[6], keys[5]])
+    t.complete([keys[0]])
+    t.unpin([keys[2]])
+    assert t.keys(0) == [keys[0], keys[2], keys[5], keys[6], keys[8], keys[9]]  # unchanged
+    t.touch([keys[5]])
+    assert t.keys(0) == [keys[0], keys[2], keys[6], keys[8], keys[9], keys[5]]
+    walked = t.walked
+    assert t.evict(0, 4, ()) == ([keys[0], keys[2], keys[6], keys[8]], [0, 2, 6, 8], 4)
+    assert t.walked == walked + 4 and t.keys(0) == [keys[9], keys[5]]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -482,21 +495,25 @@ def test_touch_and_unpin_orders(impl: Any) -> None:
     t.complete([b"x", b"y", b"z"])
     assert t.touch([b"x", b"y", b"nope", b"w"]) is None  # last to first
     assert t.keys(0) == [b"z", b"w", b"y", b"x"]  # w in flight: moved by the default rules
-    t.set_touch_rules((1, 1, 2, 3), (-1, 1, 2, 3), (2, 1, 2, 3), True)
+    t.set_touch_rules(TouchRules(ready={0: 1}, in_flight={0: STAY}, ghosts=True))
     t.touch([b"w", b"z"])
     assert t.keys(0) == [b"w", b"y", b"x"] and t.keys(1) == [b"z"]  # w in flight stays
     t.pin([b"y", b"x", b"y"])
     t.insert([b"v"], [5], 0)
     t.complete([b"v"])
-    t.evict(0, -1, 1, 1, (), 4)  # walks w (in flight), y, x (pinned): evicts v
-    assert t.keys(0) == [b"w", b"y", b"x"] and t.parked_size(0) == 2
-    assert t.touch([b"v", b"x"]) == [4]
-    assert t.keys(0) == [b"w", b"y"] and t.keys(2) == [b"x"] and t.parked_size(2) == 1
+    t.evict(0, 1, (), ghost_a=4)  # walks w (in flight), y, x (pinned): evicts v
+    assert t.keys(0) == [b"w", b"y", b"x"]
+    t.touch([b"w"])  # set aside and in flight: stays (in_flight rule -1)
+    assert t.keys(0) == [b"w", b"y", b"x"]
+    assert t.touch([b"v", b"x"]) == [4]  # x set aside and pinned: to list 1 (ready rule)
+    assert t.keys(0) == [b"w", b"y"] and t.keys(1) == [b"z", b"x"]
     assert t.unpin([b"y", b"x", b"y"]) == [b"x", b"y"]  # in the order they reach 0
-    assert t.keys(0) == [b"w", b"y"] and t.keys(2) == [b"x"] and t.pinned == 0
+    assert t.keys(0) == [b"w", b"y"] and t.keys(1) == [b"z", b"x"] and t.pinned == 0
     t.move(b"y", 0, last=False)
     t.move(b"x", 0, False)
     assert t.keys(0) == [b"x", b"y", b"w"]
+    t.move(b"y", 0)
+    assert t.keys(0) == [b"x", b"w", b"y"]
     t.insert([b"v"], [6], [3])  # over the ghost
     assert t.keys(4) == [] and t.items(3) == [(b"v", 6)] and t.ref(b"v") == -1
 
@@ -537,11 +554,13 @@ def test_argument_errors_say_what_is_allowed() -> None:
     with pytest.raises(ValueError, match=r"resident tag must be 0\.\.3, got 4"):
         t.insert([b"x"], [0], 4)
     with pytest.raises(ValueError, match=r"ghost tag must be 4\.\.7, got 2"):
-        t.clear_tag(2)
+        t.trim(2, 0)
     with pytest.raises(ValueError, match="1 hashes but 2 handles"):
         t.insert([b"x"], [0, 1], 0)
-    with pytest.raises(ValueError, match="in_flight must be 4 tags"):
-        t.set_touch_rules((0, 1, 2, 3), (0, 1, 2), (0, 1, 2, 3), False)
+    with pytest.raises(TypeError, match="takes a TouchRules, got"):
+        t.set_touch_rules(((0, 1, 2, 3), (0, 1, 2, 3), False))
+    with pytest.raises(TypeError, match="at most 3 positional arguments"):
+        t.evict(0, 1, (), 1)
     with pytest.raises(TypeError, match="not iterable"):
         t.lookup(5)
     with pytest.raises(TypeError):
@@ -551,40 +570,71 @@ def test_argument_errors_say_what_is_allowed() -> None:
     assert len(t) == 0 and t.size(0) == 0
 
 
-def test_evict_rejects_what_the_spec_leaves_undefined() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_evict_rejects_what_the_spec_leaves_undefined(impl: Any) -> None:
     """``a == b`` would walk one list twice, a negative or non-int ``n``
-    has no meaning: the C table refuses them (the reference does not check,
-    see the report on PyBlockTable.evict)."""
-    t = busy_table(CBlockTable)
-    before = state(t)
-    with pytest.raises(ValueError, match="different"):
-        t.evict(0, 0, 1, 1, ())
-    with pytest.raises(ValueError, match="n must be >= 0"):
-        t.evict(0, -1, 1, -1, ())
-    with pytest.raises(TypeError, match="n must be an int"):
-        t.evict(0, -1, 1, 1.0, ())
-    with pytest.raises(TypeError, match="first must be an int"):
-        t.evict(0, -1, None, 1, ())
-    assert state(t) == before
-    assert t.evict(0, -1, 0, 0, ()) == ([], [], 0)
-    assert t.evict(0, -1, -5, 1, ()) == ([bytes_key(5)], [5], 1)  # as first=0
-    t._check()
-
-
-@pytest.mark.parametrize(
-    "impl",
-    [
-        pytest.param(CBlockTable, id="C"),
-        pytest.param(PyBlockTable, id="Python"),
-    ],
-)
-def test_bad_touch_rules_change_nothing(impl: Any) -> None:
+    has no meaning: both tables refuse them, changing nothing."""
     t = busy_table(impl)
-    t.set_touch_rules((1, 1, 2, 3), (-1, 1, 2, 3), (1, 1, 2, 3), True)
-    with pytest.raises(ValueError):
-        t.set_touch_rules((2, 2, 2, 2), (5, 1, 2, 3), (0, 1, 2, 3), False)
-    t.touch([bytes_key(5), bytes_key(0)])  # the rules in force: ready 0 -> 1
-    assert t.tag_of(bytes_key(5)) == 1 and t.tag_of(bytes_key(0)) == 4
+    before = state(t)
+    with pytest.raises(ValueError, match="different lists"):
+        t.evict(0, 1, (), b=0)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        t.evict(0, -1, (), first=1)
+    with pytest.raises(TypeError, match="n must be an int"):
+        t.evict(0, 1.0, (), first=1)
+    with pytest.raises(TypeError, match="first must be an int or None"):
+        t.evict(0, 1, (), first=1.0)
+    with pytest.raises(ValueError, match="ghost tag"):
+        t.evict(0, 1, (), ghost_b=0)
+    assert state(t) == before
+    assert t.evict(0, 0, ()) == ([], [], 0)
+    assert t.evict(0, 1, (), first=-5) == ([bytes_key(5)], [5], 1)  # as first=0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_named_lists_are_tags(impl: Any) -> None:
+    """An ``IntEnum`` member is a tag wherever one is taken (a bool is not)."""
+
+    class Lists(IntEnum):
+        HOT = 2
+        GONE = 6
+
+    t = impl()
+    t.insert([b"x", b"y"], [1, 2], Lists.HOT)
+    t.insert([b"z"], [3], [Lists.HOT])
+    t.complete([b"x", b"y", b"z"])
+    t.set_touch_rules(TouchRules(ready={Lists.HOT: 0}))
+    t.touch([b"z"])
+    assert t.evict(Lists.HOT, 1, (), b=0, ghost_a=Lists.GONE) == ([b"x"], [1], 1)
+    assert (t.keys(Lists.GONE), t.size(Lists.HOT), t.tag_of(b"y")) == ([b"x"], 1, 2)
+    assert type(t.tag_of(b"y")) is int
+    with pytest.raises(ValueError, match=r"resident tag must be 0\.\.3, got True"):
+        t.insert([b"w"], [4], True)
+
+
+def test_touch_rules_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match=r"TouchRules.ready maps resident lists \(0..3\) to a "):
+        TouchRules(ready={0: 4})
+    with pytest.raises(ValueError, match=r"TouchRules\.in_flight .* or STAY; got 5: 0"):
+        TouchRules(in_flight={5: 0})
+    with pytest.raises(ValueError, match="got 0: -1"):
+        TouchRules(ready={0: STAY})  # only a block in flight can stay
+    rules = TouchRules(ready={0: 1})
+    assert rules.moves() == ((1, 1, 2, 3), (0, 1, 2, 3))
+    with pytest.raises(TypeError):
+        rules.ready[1] = 0  # type: ignore[index]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_forget_policy_drops_ghosts_and_rules(impl: Any) -> None:
+    t = busy_table(impl)
+    t.set_touch_rules(TouchRules(ready={0: 1}, ghosts=True))
+    resident = [t.items(tag) for tag in range(4)]
+    t.forget_policy()
+    assert [t.size(tag) for tag in range(4, 8)] == [0, 0, 0, 0]
+    assert [t.items(tag) for tag in range(4)] == resident
+    assert t.touch([bytes_key(5), bytes_key(0)]) is None  # LRU again, no ghost reported
+    assert t.tag_of(bytes_key(5)) == 0 and t.keys(0)[-1] == bytes_key(5)
 
 
 # -- targeted tests: atomicity when Python code raises -----------------------
@@ -631,7 +681,7 @@ CALL_NAMES = [name for name, _ in calls_with_bad_key(None)]
 )
 def test_a_key_whose_hash_raises_changes_nothing(impl: Any, call: str) -> None:
     t = busy_table(impl)
-    t.set_touch_rules((1, 1, 2, 3), (1, 1, 2, 3), (1, 1, 2, 3), True)
+    t.set_touch_rules(TouchRules(ready={0: 1}, in_flight={0: 1}, ghosts=True))
     keys = [bytes_key(i) for i in range(12)]
     before = state(t, keys)
     fn = dict(calls_with_bad_key(NoHash()))[call]
@@ -685,7 +735,7 @@ def test_a_protected_container_that_raises_changes_nothing(impl: Any) -> None:
     t = busy_table(impl)
     before = state(t)
     with pytest.raises(OSError, match="nope"):
-        t.evict(0, 1, 1, 2, Angry(), 4, 5)
+        t.evict(0, 2, Angry(), b=1, first=1, ghost_a=4, ghost_b=5)
     assert state(t) == before
 
 
@@ -734,7 +784,7 @@ def reentrant_calls(t: Any) -> list[Callable[[], Any]]:
         lambda: t.move(k(0), 1),
         lambda: t.relist([k(0)], 1),
         lambda: t.touch([k(0), k(1)]),
-        lambda: t.evict(0, -1, 1, 1, [k(0)]),  # list.__contains__ compares k(0)
+        lambda: t.evict(0, 1, [k(0)]),  # list.__contains__ compares k(0)
     ]
 
 
@@ -744,16 +794,16 @@ def test_reentrant_calls_raise_and_change_nothing(calls_back: type[CallsBack]) -
     t.complete([calls_back(1)])
     t.insert([calls_back(5)], [5], 1)
     t.complete([calls_back(5)])
-    t.evict(1, -1, 1, 1, (), 4)  # a ghost
+    t.evict(1, 1, (), ghost_a=4)  # a ghost
     before = state(t)
     attempts = [
         lambda: t.size(0),
         lambda: t.items(0),
         lambda: t.insert([b"x"], [9], 0),
         lambda: t.remove(calls_back(1)),
-        lambda: t.evict(0, -1, 3, 3, ()),
-        lambda: t.set_touch_rules((1, 1, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1), True),
-        lambda: t.clear_tag(4),
+        lambda: t.evict(0, 3, ()),
+        lambda: t.set_touch_rules(TouchRules(ghosts=True)),
+        lambda: t.forget_policy(),
         lambda: t.trim(4, 0),
         lambda: t._check(),
     ]
@@ -805,11 +855,11 @@ def test_a_key_released_by_the_table_may_use_it() -> None:
     assert t.fail([Key(2), Key(3)]) == [2, 3]
     t.insert([Mortal(4)], [4], 0)
     t.complete([Key(4)])
-    assert t.evict(0, -1, 5, 1, {b"other"}, -1) == ([Key(4)], [4], 1)
+    assert t.evict(0, 1, {b"other"}, first=5) == ([Key(4)], [4], 1)
     t.insert([Mortal(5)], [5], 0)
     t.complete([Key(5)])
-    t.evict(0, -1, 5, 1, {b"other"}, 4)
-    t.clear_tag(4)
+    t.evict(0, 1, {b"other"}, first=5, ghost_a=4)
+    t.forget_policy()
     assert seen == [(1, 1, "o")] * 5
     t._check()
 
@@ -842,41 +892,40 @@ def test_reference_counts_do_not_leak() -> None:
         quiet(lambda: t.unpin([key]))
         t.complete([bytes_key(424242), *other[:5]])
         t.pin([key, key])
-        assert t.evict(tag, -1, 6, 6, ()) is None
-        assert t.evict(tag, -1, 5, 5, ()) is not None  # parks key
+        assert t.evict(tag, 6, ()) is None
+        assert t.evict(tag, 5, ()) is not None  # sets key aside
         quiet(lambda: t.insert([key], [handle], 0))
         quiet(lambda: t.move(key, 0))
         t.relist([key], 3)
         t.unpin([key])
         t.unpin([key])
-        assert t.evict(3, -1, 1, 1, {b"x": 1}, 4 + i % 4) == ([key], [handle], 1)
+        assert t.evict(3, 1, {b"x": 1}, ghost_a=4 + i % 4) == ([key], [handle], 1)
         t.insert([key], [handle], (tag + 1) % 4)  # over the ghost
         assert t.fail([key, key]) == [handle]
         t.insert([bytes_key(424242)], [handle], 2)
         t.complete([key])
         t.move(key, 1, last=False)
-        assert t.evict(1, 2, 0, 1, frozenset(), -1, 5) == ([key], [handle], 1)
+        assert t.evict(1, 1, frozenset(), b=2, first=0, ghost_b=5) == ([key], [handle], 1)
         t.insert([key], [handle], 0)
         assert t.remove(bytes_key(424242)) is handle
         t.insert([key], [handle], 0)
         t.complete([key])
-        t.evict(0, -1, 1, 1, (), 6)
+        t.evict(0, 1, (), ghost_a=6)
         assert t.trim(6, 0) == 1
         t.insert([key], [handle], 0)
         t.complete([key])
-        t.evict(0, -1, 1, 1, [], 7)
-        t.clear_tag(7)
+        t.evict(0, 1, [], ghost_a=7)
+        t.trim(7, 0)
         for h in other[:5]:
             t.remove(h)
-        for g in range(4, 8):
-            t.clear_tag(g)
+        t.forget_policy()
         assert len(t) == 0
     t._check()
     assert (sys.getrefcount(handle), sys.getrefcount(key)) == start
     t2 = CBlockTable()
     t2.insert([key], [handle], 0)
     t2.complete([key])
-    t2.evict(0, -1, 1, 1, (), 4)
+    t2.evict(0, 1, (), ghost_a=4)
     t2.insert([bytes_key(1)], [handle], 0)
     del t2  # dealloc releases a ghost's key and a resident's handle
     assert (sys.getrefcount(handle), sys.getrefcount(key)) == start
@@ -897,15 +946,15 @@ def test_memory_is_given_back_when_the_table_empties() -> None:
             t.complete(keys)
             assert t.memory_bytes() > 40 * n
             t.pin(keys[::3])
-            got = t.evict(0, -1, n, n // 2, (), 4)
+            got = t.evict(0, n // 2, (), first=n, ghost_a=4)
             assert got is not None
             del got
             t.unpin(keys[::3])
             for h in keys[: n // 10]:
                 t.remove(h)
-            t.evict(0, -1, 0, len(t), frozenset(), -1)
+            t.evict(0, len(t), frozenset(), first=0)
             t.trim(4, 100)
-            t.clear_tag(4)
+            t.forget_policy()
             assert len(t) == 0 and t.size(4) == 0
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - base
@@ -928,28 +977,30 @@ def test_growth_to_200k_entries_and_back() -> None:
     assert len(t) == n and t.in_flight == n // 2
     t.complete(keys)
     t.pin(keys[::7])
-    t.set_touch_rules((1, 1, 2, 3), (-1, 1, 2, 3), (1, 1, 2, 3), True)
+    t.set_touch_rules(TouchRules(ready={0: 1}, in_flight={0: STAY}, ghosts=True))
     t.touch(keys[::-11])
-    got = t.evict(0, 1, 10_000, 40_000, frozenset(keys[:1000]), 4, 5)
+    got = t.evict(0, 40_000, frozenset(keys[:1000]), b=1, first=10_000, ghost_a=4, ghost_b=5)
     assert got is not None and len(got[0]) == 40_000
     t._check()
-    assert t.size(4) + t.size(5) == 40_000 and t.parked_size(0) + t.parked_size(1) > 0
+    assert t.size(4) + t.size(5) == 40_000
     t.unpin(keys[::7])
-    assert t.pinned == 0 and t.parked_size(0) == t.parked_size(1) == 0
+    assert t.pinned == 0
+    t._check()
+    got = t.evict(0, 5_000, frozenset(keys[1000:2000]), ghost_a=6)  # from the heap first
+    assert got is not None and len(got[0]) == 5_000
     t._check()
     for h in keys[1::3]:
         t.remove(h)
     t._check()
     for tag in range(4):
-        t.evict(tag, -1, 0, t.size(tag), (), 6)
+        t.evict(tag, t.size(tag), (), first=0, ghost_a=6)
     assert len(t) == 0
     t._check()
     t.trim(6, 1_000)
     t._check()
     t.insert(keys[:5_000], list(range(5_000)), 2)  # some over ghosts
     t.fail(keys[:5_000])
-    for tag in range(4, 8):
-        t.clear_tag(tag)
+    t.forget_policy()
     t._check()
     assert len(t) == 0 and all(t.size(tag) == 0 for tag in range(8))
     assert t.memory_bytes() == empty

@@ -131,3 +131,16 @@ def test_kvarc_clear_ghosts_resets_the_adaptation() -> None:
     assert p.target_t1_size > 2.0
     p.clear_ghosts()
     assert p.target_t1_size == 2.0 and p.list_sizes()["b1"] == 0
+
+
+def test_kvarc_block_passed_while_pinned_keeps_its_place() -> None:
+    # as in ARC: the eviction passes the pinned cold tail and leaves it where
+    # it is, so once released it is the first to go again
+    p = _policy(8)
+    _store(p, 9)
+    _store(p, 1, 2, 3)  # T1: 3 (cold tail), 9, 2, 1
+    p.table.pin([_h(3)])
+    assert _evict(p, 1) == _hs(9)
+    p.table.unpin([_h(3)])
+    assert list(p.t1) == _hs(3, 2, 1)
+    assert _evict(p, 1) == _hs(3)

@@ -109,3 +109,31 @@ def test_policy_keeps_the_seam_contract_under_any_call_sequence(
         assert all(table.get(h) == handle for h, handle in model.items())
         assert all(table.ref(h) == pins.get(h, 0) for h in model)
         invariants(p, len(model))
+
+
+def test_a_policy_without_usable_lists_is_refused_with_what_to_do() -> None:
+    from enum import IntEnum
+
+    from kvoffload.errors import PolicyError
+
+    class GhostsFirst(IntEnum):
+        B = 4
+        T = 0
+
+    with pytest.raises(PolicyError, match=r"the first a resident list \(0\.\.3\)"):
+
+        class Backwards(EvictionPolicy):  # the first list must hold resident blocks
+            name = "backwards"
+            lists = GhostsFirst
+
+    class NoLists(EvictionPolicy):
+        name = "nolists"
+
+        def insert(self, block_hashes: object, blocks: object) -> None:
+            pass
+
+        def evict(self, n: int, protected: object) -> None:
+            return None
+
+    with pytest.raises(PolicyError, match="declares no `lists`: an IntEnum"):
+        NoLists(4, BlockTable())  # type: ignore[abstract]

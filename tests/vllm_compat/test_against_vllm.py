@@ -1,15 +1,8 @@
-"""kvoffload against vLLM 0.11.2's own managers, loaded from its wheel.
+"""kvoffload against vLLM 0.11.2's own code, loaded from its wheel.
 
-Two claims are checked against the real code rather than against our reading
-of it:
-
-* compatibility: code written against ``vllm.v1.kv_offload`` gets the same
-  answers from kvoffload after changing imports only. A Hypothesis program of
-  stores, failed stores, loads, touches, look-ups, event drains and ARC target
-  changes runs on both in lockstep, and every answer and every list must
-  agree. Programs stay clear of the defects below (stores name absent hashes,
-  each once, and complete before the next call), where the two are meant to
-  differ. The worker's routing and its results are checked the same way;
+* the worker: code written against ``vllm.v1.kv_offload`` routes and reports
+  jobs the same way after changing imports only (the managers' answers and
+  lists are compared in ``test_programs.py``);
 * the defects: each scenario of DESIGN.md section 4 (1-6 and 9) shows the
   defect on vLLM and the fix on kvoffload.
 """
@@ -19,108 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvoffload
 
-HASH = st.integers(0, 11).map(lambda i: b"h%d" % i)
-HASHES = st.lists(HASH, min_size=1, max_size=5)
-STORE = st.tuples(st.just("store"), HASHES, st.sampled_from([True, True, True, False]))
-TOUCH = st.tuples(st.just("touch"), HASHES)
-# stores and touches drive the lists; the rest read them or steer ARC
-OP = st.one_of(
-    STORE,
-    TOUCH,
-    STORE,
-    TOUCH,
-    st.tuples(st.just("lookup"), HASHES),
-    st.tuples(st.just("load"), HASHES),
-    st.tuples(st.just("events")),
-    st.tuples(st.just("target"), st.integers(0, 7)),
-)
+from .lockstep import managers
 
 
 def _both(vllm: Any, kind: str, capacity: int, events: bool = False) -> tuple[Any, Any]:
-    """vLLM's manager and ours, of the same kind and capacity."""
-    name = "LRUOffloadingManager" if kind == "lru" else "ARCOffloadingManager"
-    return (
-        getattr(vllm, name)(vllm.CPUBackend(16, capacity), enable_events=events),
-        getattr(kvoffload, name)(kvoffload.CPUBackend(16, capacity), enable_events=events),
-    )
-
-
-def _lists(m: Any, kind: str, vllm_side: bool) -> dict[str, Any]:
-    """Every ordered list, hash -> block id, and the free count."""
-    free = m.backend.get_num_free_blocks()
-    if kind == "lru":
-        if vllm_side:
-            order = [(h, b.block_id) for h, b in m.blocks.items()]
-        else:
-            order = list(m.policy.ordered_items())
-        return {"lru": order, "free": free}
-    lists: dict[str, Any] = {"free": free, "target": m.target_t1_size}
-    for name in ("t1", "t2"):
-        od = getattr(m, name)
-        lists[name] = [(h, b.block_id if vllm_side else b) for h, b in od.items()]
-    for name in ("b1", "b2"):
-        lists[name] = list(getattr(m, name))
-    return lists
-
-
-def _events(m: Any) -> list[tuple[list[bytes], int, str, bool]]:
-    return [(list(e.block_hashes), e.block_size, e.medium, e.removed) for e in m.take_events()]
-
-
-def _ids(spec: Any) -> list[int]:
-    return [int(i) for i in spec.block_ids]
-
-
-@settings(max_examples=1000, deadline=None)
-@given(
-    kind=st.sampled_from(["lru", "arc"]),
-    capacity=st.integers(1, 6),
-    program=st.lists(OP, min_size=10, max_size=60),
-)
-def test_same_answers_as_vllm(vllm: Any, kind: str, capacity: int, program: list[Any]) -> None:
-    theirs, ours = _both(vllm, kind, capacity, events=True)
-    for op, *args in program:
-        if op == "store":
-            named = [h for h in dict.fromkeys(args[0]) if h not in ours]
-            out_v, out_k = theirs.prepare_store(named), ours.prepare_store(named)
-            if out_v is None and (
-                out_k is not None or _lists(theirs, kind, True) != _lists(ours, kind, False)
-            ):
-                # vLLM's ARC ran out of victims part-way and gave up after
-                # evicting some (defects 3 and 4); kvoffload evicts all or
-                # nothing, falling back to T1. They differ from here on.
-                assert kind == "arc"
-                event("arc: vLLM gave up part-way (defects 3 and 4)")
-                return
-            assert (out_v is None) == (out_k is None)
-            if out_v is None:
-                continue
-            assert out_v.block_hashes_to_store == out_k.block_hashes_to_store
-            assert out_v.block_hashes_evicted == out_k.block_hashes_evicted
-            assert _ids(out_v.store_spec) == _ids(out_k.store_spec)
-            theirs.complete_store(named, success=args[1])
-            ours.complete_store(named, success=args[1])
-        elif op == "touch":
-            theirs.touch(args[0])
-            ours.touch(args[0])
-        elif op == "lookup":
-            assert theirs.lookup(args[0]) == ours.lookup(args[0])
-        elif op == "load":
-            hashes = args[0][: ours.lookup(args[0])]
-            assert _ids(theirs.prepare_load(hashes)) == _ids(ours.prepare_load(hashes))
-            theirs.complete_load(hashes)
-            ours.complete_load(hashes)
-        elif op == "events":
-            assert _events(theirs) == _events(ours)
-        elif kind == "arc":  # target
-            theirs.target_t1_size = ours.target_t1_size = float(args[0])
-        assert _lists(theirs, kind, True) == _lists(ours, kind, False), op
-    assert _events(theirs) == _events(ours)
+    return managers(vllm, kind, capacity, events)
 
 
 OUTCOME = st.sampled_from(["ok", "fail", "refuse", "raise"])
