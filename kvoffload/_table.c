@@ -1357,6 +1357,127 @@ dupset_add(DupSet *s, Item *v, int32_t i)
     }
 }
 
+/* phase 1 of an insert: look every item up; ValueError(h) for the first
+   that is resident or repeats an earlier one. *ghosts: how many have a ghost
+   entry (which the new entry replaces) */
+static int
+insert_check(BlockTable *t, Items *b, Py_ssize_t *ghosts)
+{
+    Py_ssize_t n = b->n;
+    DupSet dup;
+    dup.slots = NULL;
+    int res = -1;
+    if (n > 8 && dupset_init(&dup, n) < 0)
+        return -1;
+    *ghosts = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b->v[i];
+        if (item_find(t, it) < 0)
+            goto done;
+        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
+            raise_key(PyExc_ValueError, it->key);
+            goto done;
+        }
+        int r = 0;
+        if (dup.slots != NULL) {
+            r = dupset_add(&dup, b->v, (int32_t)i);
+        }
+        else {
+            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
+                if (b->v[j].hash == it->hash)
+                    r = keys_equal(b->v[j].key, it->key);
+            }
+        }
+        if (r < 0)
+            goto done;
+        if (r > 0) {
+            raise_key(PyExc_ValueError, it->key);
+            goto done;
+        }
+        *ghosts += it->ix >= 0;
+    }
+    res = 0;
+done:
+    if (dup.slots != NULL && dup.slots != dup.small)
+        PyMem_Free(dup.slots);
+    return res;
+}
+
+/* make room for the checked items (-1 with MemoryError, nothing changed),
+   then phase 2: each becomes a resident entry in flight at the most recent
+   end of its item's tag, in order */
+static int
+insert_commit(BlockTable *t, Items *b, Py_ssize_t ghosts)
+{
+    Py_ssize_t n = b->n;
+    /* entry numbers found by insert_check stay valid: the array may move,
+       the index be rebuilt, but entries keep their numbers */
+    if (tbl_reserve(t, n - ghosts) < 0 || trash_reserve(t, ghosts) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b->v[i];
+        int32_t ix = it->ix;
+        Entry *e;
+        if (ix >= 0) { /* a ghost becomes the new entry */
+            list_unlink(t, ix);
+            e = &t->entries[ix];
+            trash_push(t, e->key);
+            e->key = Py_NewRef(it->key);
+        }
+        else {
+            ix = entry_alloc(t);
+            e = &t->entries[ix];
+            e->key = Py_NewRef(it->key);
+            e->hash = it->hash;
+            index_put(t, ix);
+            it->ix = ix;
+        }
+        e->handle = Py_NewRef(it->obj);
+        e->ref = -1;
+        list_append(t, ix, it->tag);
+    }
+    t->resident += n;
+    t->in_flight += n;
+    return 0;
+}
+
+/* `hashes` and `handles` of a call as exact lists or tuples of one length,
+   NULL with an exception otherwise */
+static int
+insert_args(PyObject *hashes, PyObject *handles, PyObject **hs, PyObject **hd)
+{
+    *hs = as_seq(hashes);
+    *hd = *hs == NULL ? NULL : as_seq(handles);
+    if (*hd == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(*hs);
+    if (n != PySequence_Fast_GET_SIZE(*hd)) {
+        PyErr_Format(PyExc_ValueError, "%zd hashes but %zd handles", n,
+                     PySequence_Fast_GET_SIZE(*hd));
+        return -1;
+    }
+    return 0;
+}
+
+/* the items of `hs` with their handles from `hd` (both of b->n items,
+   checked), in reverse order if `reverse` */
+static int
+insert_items(Items *b, PyObject *hs, PyObject *hd, int reverse)
+{
+    if (items_snapshot(b, hs) < 0)
+        return -1;
+    Py_ssize_t n = b->n;
+    PyObject **hsrc = PySequence_Fast_ITEMS(hd);
+    for (Py_ssize_t i = 0; i < n; i++)
+        b->v[i].obj = Py_NewRef(hsrc[i]);
+    for (Py_ssize_t i = 0; reverse && i < n / 2; i++) {
+        Item tmp = b->v[i];
+        b->v[i] = b->v[n - 1 - i];
+        b->v[n - 1 - i] = tmp;
+    }
+    return 0;
+}
+
 static PyObject *
 BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -1367,23 +1488,12 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *hs = NULL, *hd = NULL, *tg = NULL;
     Items b;
     items_init(&b);
-    DupSet dup;
-    dup.slots = NULL;
     PyObject *res = NULL;
     int entered = 0;
 
-    hs = as_seq(a[0]);
-    if (hs == NULL)
-        goto fail;
-    hd = as_seq(a[1]);
-    if (hd == NULL)
+    if (insert_args(a[0], a[1], &hs, &hd) < 0)
         goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hs);
-    if (n != PySequence_Fast_GET_SIZE(hd)) {
-        PyErr_Format(PyExc_ValueError, "%zd hashes but %zd handles", n,
-                     PySequence_Fast_GET_SIZE(hd));
-        goto fail;
-    }
     int single = -1;
     if (PyLong_Check(a[2])) {
         if (resident_tag(a[2], &single) < 0)
@@ -1417,11 +1527,9 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         PyErr_SetString(PyExc_RuntimeError, "insert(): arguments changed size");
         goto fail;
     }
-    if (items_snapshot(&b, hs) < 0)
+    if (insert_items(&b, hs, hd, 0) < 0)
         goto fail;
-    PyObject **hsrc = PySequence_Fast_ITEMS(hd);
     for (Py_ssize_t i = 0; i < n; i++) {
-        b.v[i].obj = Py_NewRef(hsrc[i]);
         if (tg != NULL) {
             long v;
             (void)int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
@@ -1431,68 +1539,11 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
             b.v[i].tag = single;
         }
     }
-    if (n > 8 && dupset_init(&dup, n) < 0)
+    Py_ssize_t ghosts;
+    if (insert_check(t, &b, &ghosts) < 0 || insert_commit(t, &b, ghosts) < 0)
         goto fail;
-    Py_ssize_t ghosts = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Item *it = &b.v[i];
-        if (item_find(t, it) < 0)
-            goto fail;
-        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
-            raise_key(PyExc_ValueError, it->key);
-            goto fail;
-        }
-        int r = 0;
-        if (dup.slots != NULL) {
-            r = dupset_add(&dup, b.v, (int32_t)i);
-        }
-        else {
-            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
-                if (b.v[j].hash == it->hash)
-                    r = keys_equal(b.v[j].key, it->key);
-            }
-        }
-        if (r < 0)
-            goto fail;
-        if (r > 0) {
-            raise_key(PyExc_ValueError, it->key);
-            goto fail;
-        }
-        ghosts += it->ix >= 0;
-    }
-    /* room for the new entries (entry numbers found above stay valid: the
-       array may move, the index be rebuilt, but entries keep their numbers) */
-    if (tbl_reserve(t, n - ghosts) < 0 || trash_reserve(t, ghosts) < 0)
-        goto fail;
-
-    /* phase 2: cannot fail */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Item *it = &b.v[i];
-        int32_t ix = it->ix;
-        Entry *e;
-        if (ix >= 0) { /* a ghost becomes the new entry */
-            list_unlink(t, ix);
-            e = &t->entries[ix];
-            trash_push(t, e->key);
-            e->key = Py_NewRef(it->key);
-        }
-        else {
-            ix = entry_alloc(t);
-            e = &t->entries[ix];
-            e->key = Py_NewRef(it->key);
-            e->hash = it->hash;
-            index_put(t, ix);
-        }
-        e->handle = Py_NewRef(it->obj);
-        e->ref = -1;
-        list_append(t, ix, it->tag);
-    }
-    t->resident += n;
-    t->in_flight += n;
     res = Py_NewRef(Py_None);
 fail:
-    if (dup.slots != dup.small)
-        PyMem_Free(dup.slots);
     if (entered) {
         res = leave(t, &b, hs, res);
     }
@@ -1502,6 +1553,72 @@ fail:
     }
     Py_XDECREF(hd);
     Py_XDECREF(tg);
+    return res;
+}
+
+static PyObject *
+BT_insert_chain(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static Sig sig = {
+        "insert_chain", {"hashes", "handles", "tag", "readmit"}, 4, 4, 4, {NULL}};
+    PyObject *a[4];
+    int tag, readmit;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
+        return NULL;
+    if (resident_tag(a[2], &tag) < 0 || resident_tag(a[3], &readmit) < 0)
+        return NULL;
+    PyObject *hs = NULL, *hd = NULL;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    int entered = 0;
+    if (insert_args(a[0], a[1], &hs, &hd) < 0)
+        goto fail;
+    if (t->in_call) {
+        reentered();
+        goto fail;
+    }
+    t->in_call = 1;
+    entered = 1;
+    /* insert(reversed(hashes), reversed(handles), tags): the head ends most
+       recent */
+    if (insert_items(&b, hs, hd, 1) < 0)
+        goto fail;
+    Py_ssize_t ghosts, n = b.n;
+    if (insert_check(t, &b, &ghosts) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t ix = b.v[i].ix;
+        b.v[i].tag = ix >= 0 ? readmit : tag; /* a ghost (insert_check: no resident) */
+    }
+    int cold = n > 0 && b.v[0].ix < 0; /* the last hash was no ghost */
+    PyObject *met = NULL;
+    if (ghosts > 0 && (met = PyList_New(ghosts)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = n - 1, k = 0; met != NULL && i >= 0; i--) {
+        int32_t ix = b.v[i].ix;
+        if (ix >= 0) /* cached small ints: cannot fail */
+            PyList_SET_ITEM(met, k++, PyLong_FromLong(t->entries[ix].tag));
+    }
+    if ((cold && aside_reserve(t, tag, 1) < 0) || insert_commit(t, &b, ghosts) < 0) {
+        Py_XDECREF(met);
+        goto fail;
+    }
+    if (cold) { /* to the oldest end of its tag, as move(h, tag, last=False) */
+        int32_t ix = b.v[0].ix;
+        entry_detach(t, ix);
+        aside_add(t, ix, tag, t->early--);
+    }
+    res = met != NULL ? met : Py_NewRef(Py_None);
+fail:
+    if (entered) {
+        res = leave(t, &b, hs, res);
+    }
+    else {
+        items_release(&b);
+        Py_XDECREF(hs);
+    }
+    Py_XDECREF(hd);
     return res;
 }
 
@@ -2464,6 +2581,9 @@ static PyMethodDef BT_methods[] = {
      "_check(): raise AssertionError unless the internal invariants hold (tests)."},
     {"insert", (PyCFunction)(void (*)(void))BT_insert, FAST,
      "insert(hashes, handles, tag): new entries in flight, appended to tag's main order."},
+    {"insert_chain", (PyCFunction)(void (*)(void))BT_insert_chain, FAST,
+     "insert_chain(hashes, handles, tag, readmit) -> list[int] | None: a chain filed\n"
+     "tail first, ghosts to readmit, the last hash (no ghost) at tag's oldest end."},
     {"complete", (PyCFunction)BT_complete, METH_O,
      "complete(hashes) -> list: the in-flight ones become ready; returns them."},
     {"fail", (PyCFunction)BT_fail, METH_O,

@@ -305,6 +305,21 @@ class PyBlockTable:
         self._resident += len(hashes)
         self.in_flight += len(hashes)
 
+    def insert_chain(
+        self, hashes: Iterable[Key], handles: Iterable[Handle], tag: int, readmit: int
+    ) -> list[int] | None:
+        hashes, handles = list(hashes), list(handles)
+        tag, readmit = _resident_tag(tag), _resident_tag(readmit)
+        if len(hashes) != len(handles):
+            raise ValueError(f"{len(hashes)} hashes but {len(handles)} handles")
+        tags = self.tags(reversed(hashes))
+        where = [readmit if t >= RESIDENT_TAGS else tag for t in tags]
+        self.insert(hashes[::-1], handles[::-1], where)
+        if hashes and tags[0] < RESIDENT_TAGS:  # the last hash was no ghost: cold
+            self.move(hashes[-1], tag, last=False)
+        met = [t for t in reversed(tags) if t >= RESIDENT_TAGS]
+        return met or None
+
     def complete(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs

@@ -234,6 +234,29 @@ class TableMachine(RuleBasedStateMachine):
         if outcome[0] == "returned" and data.draw(st.booleans()):  # a store that completes
             self.both("complete", lambda: ((self.k(idxs),), {}))
 
+    @rule(data=st.data())
+    def insert_chain(self, data: st.DataObject) -> None:
+        """kvarc's filing: over ghosts (readmitted), absent keys, and now and
+        then a resident or repeated key (refused)"""
+        absent = [i for i in range(N_KEYS) if i not in self.pool(resident=True)]
+        if absent and data.draw(st.integers(0, 4)):
+            idxs = data.draw(st.lists(st.sampled_from(absent), max_size=5, unique=True))
+        else:
+            idxs = data.draw(st.lists(st.integers(0, N_KEYS - 1), max_size=5))
+        handles = list(range(self.handles, self.handles + len(idxs)))
+        self.handles += len(idxs)
+        if data.draw(st.integers(0, 15)) == 0:
+            handles.append(-1)  # wrong length
+        tag = data.draw(st.sampled_from([0, 1, 2, 3, 0, 4]))
+        readmit = data.draw(st.sampled_from([1, 0, 3, -1]))
+        kind = data.draw(st.sampled_from(["list", "tuple", "generator"]))
+        outcome = self.both(
+            "insert_chain",
+            lambda: ((as_iterable(kind, self.k(idxs)), handles, tag, readmit), {}),
+        )
+        if outcome[0] == "returned" and data.draw(st.booleans()):
+            self.both("complete", lambda: ((self.k(idxs),), {}))
+
     @rule(data=st.data(), name=st.sampled_from(["complete", "complete", "fail", "pin", "unpin"]))
     def by_hashes(self, data: st.DataObject, name: str) -> None:
         idxs = self.idxs(data, resident=True)
@@ -518,6 +541,34 @@ def test_touch_and_unpin_orders(impl: Any) -> None:
     assert t.keys(4) == [] and t.items(3) == [(b"v", 6)] and t.ref(b"v") == -1
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_insert_chain_files_a_chain_as_kvarc_does(impl: Any) -> None:
+    """``insert(reversed(hashes), ...)`` with ghosts readmitted, then the last
+    hash (unless it was a ghost) at the oldest end; the ghost tags met are
+    returned in the order of the hashes."""
+    t = impl()
+    t.insert([b"old"], [0], 0)
+    assert t.insert_chain([b"a", b"b", b"c"], [1, 2, 3], 0, 1) is None
+    assert t.keys(0) == [b"c", b"old", b"b", b"a"] and t.in_flight == 4
+    t.complete([b"a", b"b", b"c", b"old"])
+    assert t.evict(0, 4, (), ghost_a=5) is not None
+    t.insert([b"g"], [9], 0)
+    t.complete([b"g"])
+    assert t.evict(0, 1, (), ghost_a=4) is not None  # ghosts: c old b a in 5, g in 4
+    assert t.insert_chain([b"g", b"x", b"b"], [4, 5, 6], 2, 3) == [4, 5]
+    assert t.keys(2) == [b"x"] and t.keys(3) == [b"b", b"g"]  # b was a ghost: not cold
+    assert t.keys(4) == [] and t.keys(5) == [b"c", b"old", b"a"]
+    before = state(t)
+    with pytest.raises(ValueError) as info:
+        t.insert_chain([b"y", b"g"], [7, 8], 0, 1)  # g is resident
+    assert info.value.args == (b"g",) and state(t) == before
+    with pytest.raises(ValueError, match="2 hashes but 1 handles"):
+        t.insert_chain([b"y", b"z"], [7], 0, 1)
+    with pytest.raises(ValueError, match="resident tag"):
+        t.insert_chain([b"y"], [7], 0, 4)
+    assert t.insert_chain([], [], 0, 1) is None and state(t) == before
+
+
 @pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])
 @pytest.mark.parametrize("n", [3, 9, 40, 500])
 @pytest.mark.parametrize("impl", IMPLS)
@@ -650,6 +701,7 @@ def calls_with_bad_key(bad: Any) -> list[tuple[str, Callable[[Any], Any]]]:
     return [
         ("insert", lambda t: t.insert([b"new-1", b"new-2", bad], [1, 2, 3], 0)),
         ("insert over ghost", lambda t: t.insert([k(0), bad], [1, 2], [2, 3])),
+        ("insert_chain", lambda t: t.insert_chain([k(0), b"new-1", bad], [1, 2, 3], 0, 1)),
         ("complete", lambda t: t.complete([k(5), k(7), bad])),
         ("fail", lambda t: t.fail([k(10), k(11), bad])),
         ("pin", lambda t: t.pin([k(5), bad])),
@@ -776,6 +828,7 @@ def reentrant_calls(t: Any) -> list[Callable[[], Any]]:
         lambda: t.lookup([k(0)]),
         lambda: t.absent([k(0)]),
         lambda: t.insert([k(3)], [3], 0),  # hash 0, as k(0)
+        lambda: t.insert_chain([k(3)], [3], 0, 1),
         lambda: t.complete([k(0)]),
         lambda: t.fail([k(0)]),
         lambda: t.pin([k(0)]),
@@ -900,7 +953,7 @@ def test_reference_counts_do_not_leak() -> None:
         t.unpin([key])
         t.unpin([key])
         assert t.evict(3, 1, {b"x": 1}, ghost_a=4 + i % 4) == ([key], [handle], 1)
-        t.insert([key], [handle], (tag + 1) % 4)  # over the ghost
+        assert t.insert_chain([key], [handle], (tag + 1) % 4, tag) == [4 + i % 4]  # over the ghost
         assert t.fail([key, key]) == [handle]
         t.insert([bytes_key(424242)], [handle], 2)
         t.complete([key])
