@@ -65,8 +65,8 @@ EXPORTS = {
     "kvoffload.spec": ["CPUOffloadingSpec", "OffloadingConfig", "OffloadingSpec", "available_policies"],
     "kvoffload.stats": ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"],
     "kvoffload.table": [
-        "IMPLEMENTATION", "NO_TAG", "RESIDENT_TAGS", "STAY", "TAGS", "BlockTable", "PyBlockTable",
-        "TableList", "TouchRules",
+        "IMPLEMENTATION", "NO_TAG", "RESIDENT_TAGS", "STAY", "TAGS", "USE_STRIDE", "BlockTable",
+        "PyBlockTable", "TableList", "TouchRules",
     ],
 }  # fmt: skip
 #: public-looking names a module defines for its own use only
