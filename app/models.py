@@ -138,12 +138,22 @@ class RuntimeCounters(_Response):
 
 
 class EventLogView(_Response):
-    appended: int
-    dropped: int = Field(description="records that fell off the ring unread")
-    drained: int
-    buffered: int
-    capacity: int
-    last_seq: int
+    """Event-log counts, read when the answer is made; at a quiet moment
+    ``appended == overwritten + drained + buffered``."""
+
+    appended: int = Field(description="records ever appended")
+    overwritten: int = Field(
+        description="records pushed out of the full ring by newer ones before any drain took "
+        "them (normal without a drainer: readers that keep up still read them)"
+    )
+    drained: int = Field(description="records removed by drains")
+    missed: int = Field(
+        description="records readers asked for after their cursor that were already gone "
+        "(overwritten or drained), summed over the answers: a consumer is losing records"
+    )
+    buffered: int = Field(description="records in the ring now")
+    capacity: int = Field(description="records the ring holds")
+    last_seq: int = Field(description="seq of the newest record (0 if none)")
 
     @classmethod
     def from_stats(cls, s: EventLogStats) -> EventLogView:

@@ -71,11 +71,12 @@ def _headline() -> list[Panel]:
             show_name=True,
         ),
         stat_panel(
-            "Events dropped",
-            "Events the bounded event log discarded before anyone drained them, over the time"
-            " range. Expected when no consumer drains; with a consumer, it is falling behind.",
+            "Events missed",
+            "Event-log records that readers asked for after their cursor and found gone"
+            " (overwritten in the full ring, or drained), over the time range: a consumer is"
+            " losing events. Records overwritten while nobody reads are no loss and not counted.",
             "count:events",
-            Query(increase("kvoffload_events_dropped_total")),
+            Query(increase("kvoffload_events_missed_total")),
             red_from=1,
             decimals=0,
         ),
@@ -344,13 +345,15 @@ def _events() -> list[Panel]:
     return [
         timeseries_panel(
             "Event flow",
-            "Offloading events appended to the event log, drained by consumers, and dropped"
-            " because the bounded log was full.",
+            "Offloading events appended to the event log, drained by consumers, overwritten in"
+            " the full ring before any drain (normal without a drainer), and missed by readers"
+            " that fell behind.",
             "count:events/s",
             [
                 Query(rate("kvoffload_events_appended_total"), "appended"),
                 Query(rate("kvoffload_events_drained_total"), "drained"),
-                Query(rate("kvoffload_events_dropped_total"), "dropped"),
+                Query(rate("kvoffload_events_overwritten_total"), "overwritten"),
+                Query(rate("kvoffload_events_missed_total"), "missed"),
             ],
         ),
         timeseries_panel(

@@ -217,13 +217,20 @@ METRICS: tuple[MetricSpec, ...] = (
     # -- event log ----------------------------------------------------------
     _c("kvoffload_events_appended_total", "Records appended to the event log.", source="events"),
     _c(
-        "kvoffload_events_dropped_total",
-        "Event-log records that fell off the ring before anyone drained them.",
+        "kvoffload_events_overwritten_total",
+        "Event-log records pushed out of the full ring by newer ones before any drain took "
+        "them; normal without a drainer (readers that keep up still read them).",
         source="events",
     ),
     _c(
         "kvoffload_events_drained_total",
         "Event-log records removed by drain calls.",
+        source="events",
+    ),
+    _c(
+        "kvoffload_events_missed_total",
+        "Event-log records readers asked for after their cursor that were already gone "
+        "(overwritten or drained): a consumer is losing records.",
         source="events",
     ),
     _g(

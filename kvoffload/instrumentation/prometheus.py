@@ -267,8 +267,9 @@ class KVOffloadCollector:
 
     def _event_metrics(self, ev: EventLogStats) -> Iterator[Metric]:
         yield _scalar("kvoffload_events_appended_total", ev.appended)
-        yield _scalar("kvoffload_events_dropped_total", ev.dropped)
+        yield _scalar("kvoffload_events_overwritten_total", ev.overwritten)
         yield _scalar("kvoffload_events_drained_total", ev.drained)
+        yield _scalar("kvoffload_events_missed_total", ev.missed)
         yield _scalar("kvoffload_events_buffered", ev.buffered)
         yield _scalar("kvoffload_events_capacity", ev.capacity)
         yield _scalar("kvoffload_events_last_seq", ev.last_seq)

@@ -180,7 +180,7 @@ def test_overview_shows_what_operators_need(dashboards: dict[str, dict[str, Any]
         for panel in iter_panels(board)
     }
     stats = [p["title"] for p in iter_panels(board) if p["type"] == "stat"]
-    assert {"Hit ratio", "Tier used", "Policy", "Events dropped"} <= set(stats)
+    assert {"Hit ratio", "Tier used", "Policy", "Events missed"} <= set(stats)
     assert "rate(kvoffload_lookup_hit_blocks_total" in exprs["Hit ratio"]
     assert "histogram_quantile" in exprs["Transfer latency"]
     assert "histogram_quantile" in exprs["Engine step time"]

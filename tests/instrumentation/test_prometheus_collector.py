@@ -220,7 +220,11 @@ def test_collector_event_log_metrics(registry: CollectorRegistry) -> None:
     assert v("kvoffload_events_last_seq") == 5
     assert v("kvoffload_events_capacity") == 3
     assert v("kvoffload_events_buffered") == 3
-    assert v("kvoffload_events_dropped_total") == 2
+    assert v("kvoffload_events_overwritten_total") == 2
+    assert v("kvoffload_events_missed_total") == 0  # nobody read
+    assert m.event_log is not None
+    m.event_log.read(after_seq=1)  # 2 is gone
+    assert v("kvoffload_events_missed_total") == 1
     m.take_events()
     assert v("kvoffload_events_drained_total") == 3
     assert v("kvoffload_events_buffered") == 0

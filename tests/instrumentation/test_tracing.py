@@ -158,33 +158,36 @@ def test_tracing_policy_switch_is_a_log_record_in_the_current_span(otel: OTel) -
     assert not _by_name(otel.spans.get_finished_spans(), "kvoffload.step")
 
 
-def test_tracing_reports_dropped_events_rate_limited(otel: OTel) -> None:
+def test_tracing_reports_missed_events_rate_limited(otel: OTel) -> None:
     log = EventLog(capacity=2)
-    obs = TracingObserver(otel.tracer_provider, otel.logger_provider, dropped_events_interval_s=60)
-    log.append("cleared")
-    log.append("cleared")
-    log.append("cleared")  # dropped before the observer watches: not reported
-    obs.watch_event_log(log)
-    for _ in range(3):
-        log.append("cleared")
-    obs.step_started(1, time.perf_counter_ns())
-    obs.step_finished(1, 0, time.perf_counter_ns(), 0)
+    obs = TracingObserver(otel.tracer_provider, otel.logger_provider, missed_events_interval_s=60)
     for _ in range(4):
         log.append("cleared")
+    assert log.read(after_seq=1).missed == 1  # before the observer watches: not reported
+    obs.watch_event_log(log)
+    for _ in range(10):
+        log.append("cleared")  # overwritten unread: nobody lost them, nothing to report
+    obs.step_started(1, time.perf_counter_ns())
+    obs.step_finished(1, 0, time.perf_counter_ns(), 0)
+    assert otel.logs.get_finished_logs() == ()
+    log.read(after_seq=7)  # the ring holds 13 and 14: 8..12 are gone
     obs.step_started(2, time.perf_counter_ns())
-    obs.step_finished(2, 0, time.perf_counter_ns(), 0)  # within the interval: held back
+    obs.step_finished(2, 0, time.perf_counter_ns(), 0)
+    log.read(after_seq=9)  # 10..12
+    obs.step_started(3, time.perf_counter_ns())
+    obs.step_finished(3, 0, time.perf_counter_ns(), 0)  # within the interval: held back
     records = [r.log_record for r in otel.logs.get_finished_logs()]
-    assert [r.event_name for r in records] == ["kvoffload.events_dropped"]
+    assert [r.event_name for r in records] == ["kvoffload.events_missed"]
     assert records[0].attributes is not None
-    assert records[0].attributes[Attr.EVENTS_DROPPED] == 3
+    assert records[0].attributes[Attr.EVENTS_MISSED] == 5
     assert records[0].severity_number == _logs.SeverityNumber.WARN
-    step1 = _by_name(otel.spans.get_finished_spans(), "kvoffload.step")[0]
-    assert records[0].trace_id == step1.context.trace_id
+    step2 = _by_name(otel.spans.get_finished_spans(), "kvoffload.step")[1]
+    assert records[0].trace_id == step2.context.trace_id
     obs.close()  # flushes what was held back
     records = [r.log_record for r in otel.logs.get_finished_logs()]
     assert len(records) == 2 and records[1].attributes is not None
-    assert records[1].attributes[Attr.EVENTS_DROPPED] == 4
-    assert records[1].attributes[Attr.EVENTS_DROPPED_TOTAL] == 8
+    assert records[1].attributes[Attr.EVENTS_MISSED] == 3
+    assert records[1].attributes[Attr.EVENTS_MISSED_TOTAL] == 9
 
 
 def test_tracing_without_providers_does_nothing_and_ignores_globals(
