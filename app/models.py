@@ -161,7 +161,8 @@ class EventLogView(_Response):
 
 
 class CacheView(_Response):
-    """The cache at one instant: every field comes from the same snapshot."""
+    """The cache at one instant: every field comes from the same snapshot,
+    except ``events``, the event log's counts when the answer was made."""
 
     policy: str
     policy_version: int
@@ -185,7 +186,9 @@ class CacheView(_Response):
     events: EventLogView | None
 
     @classmethod
-    def from_snapshot(cls, snap: EngineSnapshot) -> CacheView:
+    def from_view(cls, snap: EngineSnapshot, events: EventLogStats | None) -> CacheView:
+        """The cache as ``snap`` shows it, with the event log's counts ``events``
+        (read live: drains and reads happen outside the snapshot)."""
         m = snap.manager
         arc_lists, target = m.arc_lists, m.target_t1_size
         arc = None
@@ -212,7 +215,7 @@ class CacheView(_Response):
             hit_ratio=m.hit_ratio,
             counters=CacheCounters.from_counters(m.counters),
             runtime=RuntimeCounters.from_stats(snap.runtime),
-            events=EventLogView.from_stats(m.events) if m.events is not None else None,
+            events=EventLogView.from_stats(events) if events is not None else None,
         )
 
 

@@ -37,7 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from kvoffload._version import __version__
 from kvoffload.errors import ConfigError
-from kvoffload.event_log import EventLogStats
+from kvoffload.event_log import EventLog, EventLogStats
 from kvoffload.instrumentation.catalogue import (
     DIRECTIONS,
     METRICS,
@@ -131,6 +131,10 @@ class KVOffloadCollector:
         config_info: configuration exposed as labels of
             ``kvoffload_config_info``; see :func:`config_labels`. Keys must be
             valid Prometheus label names, values scalars.
+        event_log: read at each scrape for the ``kvoffload_events_*``
+            metrics (e.g. ``engine.event_log``): drains and reads from other
+            threads change its counts between snapshots. Without it they come
+            from the snapshot.
 
     Counters keyed by list (evictions, ghost hits) keep every list ever seen,
     with its last value, so they stay monotonic across policy switches;
@@ -143,8 +147,10 @@ class KVOffloadCollector:
         *,
         registry: CollectorRegistry | None = None,
         config_info: Mapping[str, ConfigLabelValue] | None = None,
+        event_log: EventLog | None = None,
     ) -> None:
         self._snapshot = snapshot
+        self._event_log = event_log
         self._config = self._check_config(config_info or {})
         self._lock = threading.Lock()
         self._seen_evictions: dict[str, int] = {}
@@ -186,8 +192,9 @@ class KVOffloadCollector:
             version = stats.counters.policy_switches + 1
         yield from self._manager_metrics(stats, version)
         yield from self._static_metrics()
-        if stats.events is not None:
-            yield from self._event_metrics(stats.events)
+        events = self._event_log.stats() if self._event_log is not None else stats.events
+        if events is not None:
+            yield from self._event_metrics(events)
         if isinstance(snap, EngineSnapshot):
             yield from self._runtime_metrics(snap)
 

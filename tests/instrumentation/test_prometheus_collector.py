@@ -230,6 +230,19 @@ def test_collector_event_log_metrics(registry: CollectorRegistry) -> None:
     assert v("kvoffload_events_buffered") == 0
 
 
+def test_collector_reads_the_event_log_live_when_given_it(registry: CollectorRegistry) -> None:
+    m = make_manager(capacity=64)
+    store(m, range(3))
+    published = m.stats()  # a snapshot taken before the drain, as an engine publishes it
+    assert m.event_log is not None
+    KVOffloadCollector(lambda: published, registry=registry, event_log=m.event_log)
+    v = _value(registry)
+    m.event_log.drain(limit=1)
+    assert v("kvoffload_events_drained_total") == 1
+    assert v("kvoffload_events_buffered") == 0
+    assert v("kvoffload_store_blocks_total", outcome="stored") == 3  # the rest: the snapshot
+
+
 def test_collector_without_event_log_omits_event_metrics(registry: CollectorRegistry) -> None:
     from kvoffload import CPUBackend
 
