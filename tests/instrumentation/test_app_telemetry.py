@@ -237,6 +237,50 @@ def test_telemetry_default_resource_and_sampler(
     assert c.resource.attributes["deployment.environment"] == "t"
 
 
+@pytest.mark.parametrize(
+    ("sampler", "arg", "steps_sampled"),
+    [
+        (None, None, None),  # the default, 1%
+        ("parentbased_traceidratio", "0.01", None),  # the default written out (issue 18)
+        ("traceidratio", "0", 0),
+        ("parentbased_always_off", None, 0),
+        ("always_off", None, 0),
+        ("always_on", None, 200),
+    ],
+)
+def test_admin_spans_are_sampled_whatever_sampler_is_configured(
+    receiver: Receiver,
+    clean_env: pytest.MonkeyPatch,
+    telemetry_teardown: list[Telemetry],
+    sampler: str | None,
+    arg: str | None,
+    steps_sampled: int | None,
+) -> None:
+    # issue 18, defect 5: with OTEL_TRACES_SAMPLER set, the SDK's sampler was
+    # taken as it was and admin spans were sampled at its ratio (11 of 1001)
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    if sampler is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.tracer_provider is not None
+    admin = telemetry.tracer_provider.get_tracer("kvoffload.admin")
+    engine = telemetry.tracer_provider.get_tracer("kvoffload")
+    for _ in range(200):
+        with admin.start_as_current_span("kvoffload.admin.switch_policy"):
+            pass
+        engine.start_span("kvoffload.step").end()
+    telemetry.shutdown()
+    names = [s.name for s in receiver.spans()]
+    assert names.count("kvoffload.admin.switch_policy") == 200
+    if steps_sampled is not None:  # the configured sampler still decides the rest
+        assert names.count("kvoffload.step") == steps_sampled
+    else:
+        assert names.count("kvoffload.step") < 50
+
+
 def test_telemetry_slow_collector_does_not_block_the_engine_thread(
     receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
