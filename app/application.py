@@ -155,7 +155,7 @@ def start_engine(
     logger.info(
         "engine running: policy %s, %d CPU blocks of %d tokens, workload: %s",
         settings.policy,
-        settings.capacity,
+        settings.num_cpu_blocks,
         settings.offloaded_block_size,
         engine.workload_description,
     )

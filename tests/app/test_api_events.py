@@ -98,7 +98,7 @@ def test_event_records_are_typed(client: TestClient) -> None:
 
 
 def test_cursor_that_fell_off_the_ring_reports_missed(make_client: ClientFactory) -> None:
-    client = make_client(event_ring_size=16)
+    client = make_client(event_log_capacity=16)
     wait_for_events(client, 100)
     pause(client)
     top = last_seq(client)
@@ -139,7 +139,7 @@ def test_drain_and_misses_show_at_once_while_paused(make_client: ClientFactory) 
     # from the engine's snapshot (published after steps and commands only)
     # and reused their renderings while it was the same snapshot, so after a
     # drain both said drained 0 for as long as the engine stayed paused
-    client = make_client(event_ring_size=64)
+    client = make_client(event_log_capacity=64)
     wait_for_events(client, 100)
     pause(client)
     before = client.get("/v1/cache", headers=READ_HEADERS).json()["events"]
@@ -199,7 +199,7 @@ def test_stream_ids_are_seqs_and_resume_with_last_event_id(client: TestClient) -
 
 
 def test_stream_reports_missed_records(make_client: ClientFactory) -> None:
-    client = make_client(event_ring_size=16)
+    client = make_client(event_log_capacity=16)
     wait_for_events(client, 50)
     pause(client)
     top = last_seq(client)

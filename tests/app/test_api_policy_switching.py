@@ -78,10 +78,10 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
         # a small GPU cache sends the reuse to the CPU tier
         gpu_block_size=512,
         offloaded_block_size=512,
-        capacity=512,
+        num_cpu_blocks=512,
         gpu_blocks=32,
         max_requests_per_step=2,
-        event_ring_size=2_000_000,
+        event_log_capacity=2_000_000,
     )
     view = client.get("/v1/cache", headers=READ_HEADERS).json()
     assert view["workload"].startswith("Mooncake trace")

@@ -134,7 +134,7 @@ def _start_service(workdir: Path) -> _Process:
         "KVOFFLOAD_ADMIN_TOKEN": ADMIN_TOKEN,
         "KVOFFLOAD_POLICY": "lru",
         # a small tier fills within seconds, so that evictions and ghost hits happen
-        "KVOFFLOAD_CAPACITY": "96",
+        "KVOFFLOAD_NUM_CPU_BLOCKS": "96",
         "KVOFFLOAD_DEVICE": "cpu",
         "KVOFFLOAD_SPEED": "0",  # full speed: every panel has data within seconds
     }
