@@ -265,7 +265,7 @@ def _transfers() -> list[Panel]:
             "Transfer blocks",
             "GPU-sized blocks copied per second by direction.",
             "count:blocks/s",
-            [Query(rate("kvoffload_transfer_blocks_total", "direction"), "{{direction}}")],
+            [Query(rate("kvoffload_transfer_gpu_blocks_total", "direction"), "{{direction}}")],
             width=8,
         ),
         timeseries_panel(

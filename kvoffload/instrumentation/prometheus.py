@@ -209,6 +209,7 @@ class KVOffloadCollector:
         yield _scalar("kvoffload_lookup_tokens_total", c.lookup_blocks * bs)
         yield _scalar("kvoffload_lookup_hit_tokens_total", c.hit_blocks * bs)
         yield _scalar("kvoffload_load_blocks_total", c.load_blocks)
+        yield _scalar("kvoffload_load_completed_blocks_total", c.load_completed_blocks)
         yield _scalar("kvoffload_store_prepared_blocks_total", c.store_prepared_blocks)
         yield _family(
             "kvoffload_store_blocks_total",
@@ -247,7 +248,12 @@ class KVOffloadCollector:
         yield _family(
             "kvoffload_policy_list_blocks",
             ("policy", "list"),
-            [((policy, k), v) for k, v in s.lists.items()],
+            [((policy, k), v) for k, v in s.lists.items() if k not in ghost_lists],
+        )
+        yield _family(
+            "kvoffload_policy_ghost_entries",
+            ("policy", "list"),
+            [((policy, k), v) for k, v in s.lists.items() if k in ghost_lists],
         )
         yield _family(
             "kvoffload_policy_parameter",
@@ -386,7 +392,7 @@ class PrometheusObserver(EngineObserver):
             [((d, o), n) for (d, o), n in list(self._jobs.items())],
         )
         yield _family(
-            "kvoffload_transfer_blocks_total",
+            "kvoffload_transfer_gpu_blocks_total",
             ("direction",),
             [((d,), n) for d, n in list(self._blocks.items())],
         )

@@ -414,6 +414,7 @@ class Engine:
             manager=self.manager.stats(),
             runtime=self._c.copy(),
             timestamp=time.time(),
+            gpu_block_size=self.config.gpu_block_size,
         )
 
     def _publish(self) -> None:

@@ -139,8 +139,8 @@ RUNTIME_COUNTERS = (
     "load_jobs",
     "store_jobs",
     "failed_jobs",
-    "loaded_blocks",
-    "stored_blocks",
+    "loaded_gpu_blocks",
+    "stored_gpu_blocks",
     "loaded_bytes",
     "stored_bytes",
     "verify_failures",
@@ -184,12 +184,12 @@ def assert_transfer_accounting(engine: Engine, snap: EngineSnapshot) -> None:
     """Moved blocks, bytes and tokens agree with one another."""
     rt, c = snap.runtime, snap.manager.counters
     k = engine.config.block_factor
-    assert rt.loaded_bytes == rt.loaded_blocks * engine.kv.block_bytes
-    assert rt.stored_bytes == rt.stored_blocks * engine.kv.block_bytes
+    assert rt.loaded_bytes == rt.loaded_gpu_blocks * engine.kv.block_bytes
+    assert rt.stored_bytes == rt.stored_gpu_blocks * engine.kv.block_bytes
     # failed loads are recomputed: CPU hit tokens are the blocks that arrived
-    assert rt.cpu_hit_tokens == rt.loaded_blocks * engine.config.gpu_block_size
+    assert rt.cpu_hit_tokens == rt.loaded_gpu_blocks * engine.config.gpu_block_size
     # each store job completes all of its blocks, successfully or not
-    assert rt.stored_blocks == c.store_blocks["stored"] * k
+    assert rt.stored_gpu_blocks == c.store_blocks["stored"] * k
     assert c.store_prepared_blocks == c.store_blocks["stored"] + c.store_blocks["failed"]
 
 
@@ -272,7 +272,7 @@ def test_engine_switches_policy_mid_run_many_times(layout: Layout) -> None:
     assert rt.requests == 400
     assert rt.verify_failures == 0
     assert rt.failed_jobs == 0
-    assert rt.loaded_blocks > 0
+    assert rt.loaded_gpu_blocks > 0
     assert rt.cpu_hit_tokens > 0
     assert sum(snap.manager.counters.evictions.values()) > 0
     assert_transfer_accounting(engine, snap)
@@ -328,7 +328,7 @@ def test_engine_injected_failures_keep_accounting_exact(layout: Layout) -> None:
     assert c.store_blocks["failed"] * config.block_factor == sum(t.blocks for t in failed_stores)
     ok_loads = [t for t in records.transfers if t.ok and t.direction == "load"]
     assert ok_loads  # some loads still succeed
-    assert rt.loaded_blocks == sum(t.blocks for t in ok_loads)
+    assert rt.loaded_gpu_blocks == sum(t.blocks for t in ok_loads)
     # issue 18: a request is reported once its load finished, and a failed
     # load's tokens count as computed, so the requests add up to the totals
     # (they used to count failed loads as CPU hits)
@@ -370,7 +370,7 @@ def test_engine_with_a_failing_handler_stores_nothing_and_leaks_nothing(
     assert rt.requests == 120
     assert rt.store_jobs > 0
     assert rt.failed_jobs == rt.store_jobs  # nothing was ever stored, so nothing loaded
-    assert rt.load_jobs == rt.loaded_blocks == rt.cpu_hit_tokens == 0
+    assert rt.load_jobs == rt.loaded_gpu_blocks == rt.cpu_hit_tokens == 0
     assert c.store_blocks["stored"] == 0
     assert c.store_blocks["failed"] == c.store_prepared_blocks > 0
     assert m.used == 0
@@ -433,7 +433,7 @@ def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
     rt = final.runtime
     assert in_flight_seen
     assert rt.load_jobs > 0
-    assert rt.cpu_hit_tokens == rt.loaded_blocks == 0
+    assert rt.cpu_hit_tokens == rt.loaded_gpu_blocks == 0
     assert rt.failed_jobs == rt.load_jobs
     assert_settled(engine, final)
 
@@ -495,8 +495,8 @@ def test_engine_loads_verify_clean_after_a_round_trip(layout: Layout) -> None:
     engine = integrity_engine(layout, STORE_EVICT_LOAD)
     snap = engine.run()
     rt = snap.runtime
-    assert rt.stored_blocks == 3 * 3 * 4  # r0..r2: 3 blocks of 4 GPU blocks each
-    assert rt.loaded_blocks == 12  # r3 came back from the CPU tier
+    assert rt.stored_gpu_blocks == 3 * 3 * 4  # r0..r2: 3 blocks of 4 GPU blocks each
+    assert rt.loaded_gpu_blocks == 12  # r3 came back from the CPU tier
     assert rt.cpu_hit_tokens == 3 * BLOCK
     assert rt.verify_failures == 0
 
@@ -510,7 +510,7 @@ def test_engine_corrupted_cpu_mirror_is_caught_on_load(layout: Layout) -> None:
     for t in handler.cpu_tensors:
         t.view(torch.int16).add_(1)  # every word of the mirror changes
     snap = engine.run()
-    assert snap.runtime.loaded_blocks == 12
+    assert snap.runtime.loaded_gpu_blocks == 12
     assert snap.runtime.verify_failures == 12
 
 
@@ -524,7 +524,7 @@ def test_engine_one_flipped_byte_in_the_mirror_fails_one_block(
     row = cpu_block_of(engine, (1, 2, 3), 1) * engine.config.block_factor + sub
     mirror_row(engine, layer, kv_index, row)[5] ^= 0x01
     snap = engine.run()
-    assert snap.runtime.loaded_blocks == 12
+    assert snap.runtime.loaded_gpu_blocks == 12
     assert snap.runtime.verify_failures == 1
 
 
@@ -553,7 +553,7 @@ def test_engine_gpu_hit_inside_an_offloaded_block_loads_only_the_rest(layout: La
     assert (r4.gpu_hit_tokens, r4.cpu_hit_tokens, r4.computed_tokens) == (96, 32, 0)
     r3 = records.requests[-2]
     assert (r3.gpu_hit_tokens, r3.cpu_hit_tokens, r3.computed_tokens) == (0, 64, 32)
-    assert snap.runtime.loaded_blocks == 4 + 2
+    assert snap.runtime.loaded_gpu_blocks == 4 + 2
     assert snap.runtime.verify_failures == 1
 
 
@@ -592,7 +592,7 @@ def test_engine_calls_every_observer_hook_with_consistent_numbers() -> None:
         assert t.blocks > 0
         assert t.nbytes == t.blocks * engine.kv.block_bytes
         assert t.finished_ns >= t.submitted_ns
-    assert sum(t.blocks for t in loads) == rt.loaded_blocks
+    assert sum(t.blocks for t in loads) == rt.loaded_gpu_blocks
     assert sum(t.nbytes for t in stores) == rt.stored_bytes
     # evictions: every prepare_store eviction, under the policy of the time
     assert sum(n for _, n, _ in records.evicted) == sum(snap.manager.counters.evictions.values())
