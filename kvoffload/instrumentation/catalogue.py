@@ -33,7 +33,7 @@ MetricType = Literal["counter", "gauge", "histogram"]
 MetricSource = Literal["manager", "events", "runtime", "observer", "static"]
 
 #: the only label names a non-info metric may carry
-ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", "name"})
+ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", "name", "command"})
 
 #: transfer directions: "store" = GPU->CPU, "load" = CPU->GPU
 DIRECTIONS = ("store", "load")
@@ -282,6 +282,22 @@ METRICS: tuple[MetricSpec, ...] = (
         source="runtime",
     ),
     _g("kvoffload_runtime_paused", "1 while the engine is paused, else 0.", source="runtime"),
+    _g(
+        "kvoffload_command_timestamp_seconds",
+        "Unix time the last command of each kind took effect (switch_policy, pause, resume, "
+        "reset); a kind's series appears with its first command.",
+        ("command",),
+        source="runtime",
+    ),
+    MetricSpec(
+        "kvoffload_policy_switch_info",
+        "gauge",
+        "The last policy switch applied (always 1; labels name the policy switched from, "
+        "previous_policy, and to, policy; absent until a switch).",
+        ("previous_policy", "policy"),
+        source="runtime",
+        info=True,
+    ),
     # -- observer-driven ------------------------------------------------------
     _c(
         "kvoffload_transfer_jobs_total",

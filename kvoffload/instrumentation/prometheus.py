@@ -300,6 +300,18 @@ class KVOffloadCollector:
         yield _scalar("kvoffload_runtime_verify_failures_total", r.verify_failures)
         yield _scalar("kvoffload_runtime_up", int(snap.state in _RUNNING_STATES))
         yield _scalar("kvoffload_runtime_paused", int(snap.state == "paused"))
+        commands = snap.commands
+        yield _family(
+            "kvoffload_command_timestamp_seconds",
+            ("command",),
+            [((kind,), result.timestamp) for kind, result in sorted(commands.items())],
+        )
+        switch = commands.get("switch_policy")
+        yield _family(
+            "kvoffload_policy_switch_info",
+            ("previous_policy", "policy"),
+            [] if switch is None else [((switch.detail.get("from", ""), switch.policy), 1)],
+        )
 
 
 class _Histogram:

@@ -20,7 +20,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import cast
 
 from kvoffload.backends.cpu import CPUBackend
@@ -32,6 +33,7 @@ from kvoffload.policies import available_policies, policy_class
 from kvoffload.runtime.arrivals import Arrivals, WaitingQueue
 from kvoffload.runtime.commands import (
     Command,
+    CommandKind,
     CommandResult,
     EngineStoppedError,
     check_version,
@@ -143,6 +145,7 @@ class Engine:
         self._queue = WaitingQueue(Arrivals(workload, config.speed), config.max_waiting_requests)
         self._state: EngineState = "created"
         self._policy_version = 1
+        self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stop_requested = False
         self._thread: threading.Thread | None = None
@@ -276,6 +279,7 @@ class Engine:
             except Exception as e:  # delivered to the caller, the loop goes on
                 fut.set_exception(e)
                 continue
+            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a caller woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)
@@ -308,6 +312,7 @@ class Engine:
             policy=m.policy_name,
             policy_version=self._policy_version,
             detail=detail,
+            timestamp=time.time(),
         )
 
     # -- the loop ----------------------------------------------------------
@@ -415,6 +420,7 @@ class Engine:
             runtime=self._c.copy(),
             timestamp=time.time(),
             gpu_block_size=self.config.gpu_block_size,
+            commands=self._last_commands,
         )
 
     def _publish(self) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
+from kvoffload.runtime.commands import CommandKind, CommandResult
 from kvoffload.stats import ManagerStats
 
 EngineState = Literal["created", "running", "paused", "finished", "stopped"]
+
+_NO_COMMANDS: Mapping[CommandKind, CommandResult] = MappingProxyType({})
 
 
 def _counter(description: str, default: float = 0) -> Any:
@@ -76,3 +81,5 @@ class EngineSnapshot:
     #: tokens per GPU block, the unit of ``runtime``'s block counts (``None``
     #: for a hosted manager: its host owns the GPU side)
     gpu_block_size: int | None = None
+    #: the last command of each kind applied so far (what and when)
+    commands: Mapping[CommandKind, CommandResult] = field(default_factory=lambda: _NO_COMMANDS)

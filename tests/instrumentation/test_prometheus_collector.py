@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 
 import prometheus_client
@@ -361,6 +362,39 @@ def test_collector_reads_runtime_stats_from_an_engine_snapshot(
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (1, 1)
     state[0] = "stopped"
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (0, 0)
+
+
+def test_collector_marks_each_command_with_when_it_took_effect(
+    registry: CollectorRegistry,
+) -> None:
+    # what the dashboard's markers read: one timestamp per command kind, and
+    # the last switch's from and to
+    from kvoffload.runtime import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(num_cpu_blocks=32, num_gpu_blocks=64, device="cpu"))
+    KVOffloadCollector(engine.snapshot, registry=registry)
+    stamp = "kvoffload_command_timestamp_seconds"
+    assert registry.get_sample_value(stamp, {"command": "switch_policy"}) is None
+    assert "kvoffload_policy_switch_info" not in _names(registry)
+    before = time.time()
+    engine.switch_policy("arc")
+    engine.run(max_steps=2)
+    first = registry.get_sample_value(stamp, {"command": "switch_policy"})
+    assert first is not None and before <= first <= time.time()
+    switched = {"previous_policy": "lru", "policy": "arc"}
+    assert registry.get_sample_value("kvoffload_policy_switch_info", switched) == 1
+    engine.switch_policy("kvarc")
+    engine.reset()
+    engine.pause()
+    engine.run(max_steps=1)
+    v = _value(registry)
+    assert v(stamp, command="switch_policy") > first
+    assert (
+        v(stamp, command="switch_policy") <= v(stamp, command="reset") <= v(stamp, command="pause")
+    )
+    assert v("kvoffload_policy_switch_info", previous_policy="arc", policy="kvarc") == 1
+    assert registry.get_sample_value("kvoffload_policy_switch_info", switched) is None
+    assert registry.get_sample_value(stamp, {"command": "resume"}) is None
 
 
 def test_collector_from_manager_stats_has_no_runtime_metrics(registry: CollectorRegistry) -> None:
