@@ -24,6 +24,7 @@ ratios (see ``docs/observability.md``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 from opentelemetry import context as otel_context
@@ -292,17 +293,25 @@ class TracingObserver(EngineObserver):
             )
         )
 
-    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
+    def blocks_evicted(self, step: int, count: int, policy: str, lists: Mapping[str, int]) -> None:
         mode = self._eviction_logs
         if not self._logging or mode == "off":
             return
         if mode == "sampled" and not self._step_recording:
             return
+        attrs: dict[str, AnyValue] = {
+            Attr.STEP: step,
+            Attr.EVICTED_BLOCKS: count,
+            Attr.POLICY: policy,
+        }
+        for name, n in lists.items():
+            attrs[f"{Attr.EVICTED_BLOCKS}.{name}"] = n
+        where = ", ".join(f"{n} from {name}" for name, n in lists.items())
         self._emit(
             LogEvent.EVICTION,
             SeverityNumber.DEBUG,
-            f"evicted {count} offloaded blocks ({policy})",
-            {Attr.STEP: step, Attr.EVICTED_BLOCKS: count, Attr.POLICY: policy},
+            f"evicted {count} offloaded blocks ({policy}: {where})",
+            attrs,
         )
 
     def command_applied(self, result: CommandResult) -> None:

@@ -382,7 +382,8 @@ class Engine:
         for obs in self.observers:
             self._notify(obs.step_started, step, start)
         scheduler = self._scheduler
-        evictions_before = scheduler.evictions
+        policy = self.manager.policy  # commands, a switch included, come between steps
+        evictions_before = dict(policy.evictions)
         self._jobs.collect()
         for r in batch:
             scheduler.serve(r, step)
@@ -391,10 +392,15 @@ class Engine:
         c.steps = step
         c.last_step_seconds = (end - start) / 1e9
         c.step_seconds_total += c.last_step_seconds
-        evicted = scheduler.evictions - evictions_before
+        evicted = {
+            k: n - evictions_before.get(k, 0)
+            for k, n in policy.evictions.items()
+            if n != evictions_before.get(k, 0)
+        }
         if evicted:
+            count = sum(evicted.values())
             for obs in self.observers:
-                self._notify(obs.blocks_evicted, step, evicted, self.manager.policy_name)
+                self._notify(obs.blocks_evicted, step, count, policy.name, evicted)
         for obs in self.observers:
             self._notify(obs.step_finished, step, start, end, len(batch))
         self._publish()

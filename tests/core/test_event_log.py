@@ -244,3 +244,22 @@ def test_event_log_concurrent_writer_reader_drainer_lose_and_duplicate_nothing()
     assert len(drained) + len(remaining) + stats.overwritten == n
     assert stats.buffered == len(remaining) <= capacity
     assert read_pages[0] > 0
+
+
+def test_removed_records_say_which_lists_the_victims_left() -> None:
+    # issue 18: removed events did not say which list the victims left
+    from kvoffload import CPUBackend, PolicyOffloadingManager
+
+    m = PolicyOffloadingManager(CPUBackend(16, 4), policy="arc", enable_events=True)
+    for ids in ((1, 2, 3, 4), (5, 6)):
+        out = m.prepare_store(bhs(*ids))
+        assert out is not None
+        m.complete_store(out.block_hashes_to_store)
+        m.touch(bhs(1, 2))  # promoted to T2: the next eviction takes T1's blocks
+    assert m.event_log is not None
+    removed = [r for r in m.event_log.read().records if r.kind == "removed"]
+    assert [dict(r.detail) for r in removed] == [{"t1": "2"}]
+    m.clear()
+    last = [r for r in m.event_log.read().records if r.kind == "removed"][-1]
+    assert dict(last.detail) == {"t1": "2", "t2": "2"}
+    assert len(last.block_hashes) == 4

@@ -46,7 +46,7 @@ def _one_step(obs: TracingObserver, step: int = 1) -> tuple[int, int]:
     obs.transfer_finished(TransferRecord(7, "store", 4, 65536, t0 - 3 * MS, t0 + 1 * MS, True))
     obs.transfer_finished(TransferRecord(8, "load", 2, 32768, t0, t0 + 2 * MS, False))
     obs.request_finished(RequestRecord(42, step, 256, 64, 128, 64, t0 + 1 * MS, t0 + 3 * MS))
-    obs.blocks_evicted(step, 5, "arc")
+    obs.blocks_evicted(step, 5, "arc", {"t1": 3, "t2": 2})
     t1 = t0 + 5 * MS
     obs.step_finished(step, t0, t1, requests=1)
     return t0, t1
@@ -120,10 +120,13 @@ def test_tracing_eviction_log_is_correlated_with_the_step_span(otel: OTel) -> No
     assert dict(rec.attributes) == {
         "kvoffload.step": 1,
         "kvoffload.eviction.blocks": 5,
+        # which lists the victims left (issue 18)
+        "kvoffload.eviction.blocks.t1": 3,
+        "kvoffload.eviction.blocks.t2": 2,
         "kvoffload.policy": "arc",
     }
     assert rec.severity_number == _logs.SeverityNumber.DEBUG
-    assert isinstance(rec.body, str) and "5" in rec.body
+    assert rec.body == "evicted 5 offloaded blocks (arc: 3 from t1, 2 from t2)"
 
 
 def test_tracing_policy_switch_is_a_log_record_in_the_current_span(otel: OTel) -> None:

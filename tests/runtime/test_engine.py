@@ -4,7 +4,7 @@ data verification, observers and snapshots."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -69,7 +69,7 @@ class Recorder(EngineObserver):
         self.finished: list[tuple[int, int]] = []  # (step, requests)
         self.transfers: list[TransferRecord] = []
         self.requests: list[RequestRecord] = []
-        self.evicted: list[tuple[int, int, str]] = []
+        self.evicted: list[tuple[int, int, str, dict[str, int]]] = []
         self.commands: list[CommandResult] = []
         self.closed = 0
 
@@ -86,8 +86,8 @@ class Recorder(EngineObserver):
     def request_finished(self, record: RequestRecord) -> None:
         self.requests.append(record)
 
-    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
-        self.evicted.append((step, count, policy))
+    def blocks_evicted(self, step: int, count: int, policy: str, lists: Mapping[str, int]) -> None:
+        self.evicted.append((step, count, policy, dict(lists)))
 
     def command_applied(self, result: CommandResult) -> None:
         self.commands.append(result)
@@ -595,9 +595,16 @@ def test_engine_calls_every_observer_hook_with_consistent_numbers() -> None:
     assert sum(t.blocks for t in loads) == rt.loaded_gpu_blocks
     assert sum(t.nbytes for t in stores) == rt.stored_bytes
     # evictions: every prepare_store eviction, under the policy of the time
-    assert sum(n for _, n, _ in records.evicted) == sum(snap.manager.counters.evictions.values())
-    assert {p for _, _, p in records.evicted} == {"arc"}
-    assert all(1 <= s <= rt.steps for s, _, _ in records.evicted)
+    assert sum(n for _, n, _, _ in records.evicted) == sum(snap.manager.counters.evictions.values())
+    assert {p for _, _, p, _ in records.evicted} == {"arc"}
+    assert all(1 <= s <= rt.steps for s, _, _, _ in records.evicted)
+    # and which lists the victims left
+    assert all(n == sum(lists.values()) for _, n, _, lists in records.evicted)
+    by_list: dict[str, int] = {}
+    for _, _, _, lists in records.evicted:
+        for name, k in lists.items():
+            by_list[name] = by_list.get(name, 0) + k
+    assert by_list == {k: v for k, v in snap.manager.counters.evictions.items() if v}
     # commands, in the order they were queued, before the first step
     assert [(c.kind, c.applied_at_step) for c in records.commands] == [
         ("switch_policy", 0),
