@@ -297,6 +297,9 @@ class Engine:
             detail = {"from": old, "to": m.policy_name}
         elif command.kind == "pause":
             if self._state == "running":
+                # A paused engine is a quiet one: its loads and stores finish
+                # now, so every count it publishes is settled.
+                self._jobs.drain()
                 self._state = "paused"
         elif command.kind == "resume":
             if self._state == "paused":

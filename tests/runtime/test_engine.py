@@ -411,6 +411,28 @@ class LateFailingLoads(InMemoryOffloadingHandler):
         return super().transfer_async(job_id, spec)
 
 
+def test_a_pause_finishes_the_jobs_in_flight_so_the_paused_engine_is_settled() -> None:
+    # issue 18: a pause left jobs in flight (a GPU copy stream reports them
+    # later), so a paused engine's counts were not settled: prompt tokens
+    # without an outcome, requests not yet reported, blocks in flight
+    config = small_config(num_cpu_blocks=96)
+    handler = in_memory_handler(config, strict=False, delay_polls=3)
+    records = Recorder()
+    engine = Engine(config, synthetic(num_requests=200), [records], handler=handler)
+    published: list[EngineSnapshot] = []
+    records.command_applied = lambda _: published.append(engine.snapshot())  # type: ignore[method-assign]
+    while engine.step() and not len(engine._jobs):
+        pass
+    assert len(engine._jobs) > 0, "the delayed handler leaves jobs in flight after a step"
+    engine.pause()
+    engine.run()  # applies the pause and returns
+    (snap,) = published  # what readers saw once the pause was applied
+    assert snap.state == "paused"
+    assert_settled(engine, snap)
+    assert len(records.requests) == snap.runtime.requests
+    assert len(records.transfers) == snap.runtime.load_jobs + snap.runtime.store_jobs
+
+
 def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
     # A failed load turns its CPU-hit tokens into computed ones. Counted at
     # serve time and taken back at failure, cpu_hit_tokens went down between
