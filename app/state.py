@@ -24,6 +24,10 @@ __all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots", "View
 View = tuple[EngineSnapshot, EventLogStats | None]
 
 
+def _drained(events: EventLogStats | None) -> int | None:
+    return None if events is None else events.drained
+
+
 class SnapshotCache:
     """A rendering (the ``/v1/cache`` JSON body) of the last view served.
 
@@ -74,14 +78,14 @@ class MetricsCache:
         if entry is None:
             return None
         (cached, events), rendered_at, body = entry
-        snap, now_events = view
-        if events != now_events:
-            drained = None if events is None else events.drained
-            if drained != (None if now_events is None else now_events.drained):
-                return None
-        elif cached is snap:
+        snap, now = view
+        if cached is snap and events == now:
             return body
-        same_shape = cached.policy_version == snap.policy_version and cached.state == snap.state
+        same_shape = (
+            cached.policy_version == snap.policy_version
+            and cached.state == snap.state
+            and _drained(events) == _drained(now)
+        )
         if same_shape and time.monotonic() - rendered_at < self.max_age:
             return body
         return None

@@ -144,22 +144,11 @@ def test_collector_arc_list_gauges_equal_the_manager_lists(
         assert v("kvoffload_arc_list_blocks", list=name) == lists[name]
     # resident lists in blocks, ghost lists (hashes of evicted blocks) apart:
     # stacked together they showed more blocks than the tier holds (issue 18)
-    for name in ("t1", "t2"):
-        assert v("kvoffload_policy_list_blocks", policy=policy, list=name) == lists[name]
-        assert (
-            registry.get_sample_value(
-                "kvoffload_policy_ghost_entries", {"policy": policy, "list": name}
-            )
-            is None
-        )
-    for name in ("b1", "b2"):
-        assert v("kvoffload_policy_ghost_entries", policy=policy, list=name) == lists[name]
-        assert (
-            registry.get_sample_value(
-                "kvoffload_policy_list_blocks", {"policy": policy, "list": name}
-            )
-            is None
-        )
+    blocks, ghosts = "kvoffload_policy_list_blocks", "kvoffload_policy_ghost_entries"
+    for names, metric, other in ((("t1", "t2"), blocks, ghosts), (("b1", "b2"), ghosts, blocks)):
+        for name in names:
+            assert v(metric, policy=policy, list=name) == lists[name]
+            assert registry.get_sample_value(other, {"policy": policy, "list": name}) is None
     resident = [h for h in bhs(range(6)) if h in m][:2]
     m.prepare_load(resident)
     m.complete_load(resident)
