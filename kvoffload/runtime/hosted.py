@@ -32,9 +32,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeVar
 
 from kvoffload.abstract import (
@@ -50,6 +51,7 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import (
     Command,
+    CommandKind,
     CommandResult,
     EngineStoppedError,
     UnsupportedCommandError,
@@ -108,6 +110,7 @@ class HostedManager(OffloadingManager):
         self._pending = False
         self._calls = 0
         self._version = 1
+        self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
         self._state: EngineState = "running"
         self._snapshot = self._take_snapshot()
         self._published = time.monotonic()
@@ -270,6 +273,7 @@ class HostedManager(OffloadingManager):
             except Exception as e:  # delivered to the submitter
                 fut.set_exception(e)
                 continue
+            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a submitter woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)
@@ -292,6 +296,7 @@ class HostedManager(OffloadingManager):
             policy=m.policy_name,
             policy_version=self._version,
             detail=detail,
+            timestamp=time.time(),
         )
 
     def _fail_queued(self) -> None:
@@ -309,6 +314,7 @@ class HostedManager(OffloadingManager):
             manager=self.manager.stats(),
             runtime=_NO_RUNTIME,
             timestamp=time.time(),
+            commands=self._last_commands,
         )
 
     def _publish(self) -> None:
