@@ -358,6 +358,7 @@ class PolicyOffloadingManager(OffloadingManager):
             params=MappingProxyType(policy.params()),
             counters=counters,
             events=self.event_log.stats() if self.event_log is not None else None,
+            ghost_list_names=policy.ghost_list_names,
         )
 
 

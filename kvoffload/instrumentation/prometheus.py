@@ -223,11 +223,10 @@ class KVOffloadCollector:
         # Resident lists can be victims, ghost lists can be hit: pre-create
         # both at 0 for the current policy so rate() has a series from the
         # start; remember every list ever seen so counters survive a switch.
-        ghost_lists = set(c.ghost_hits)
+        resident, ghosts = s.resident_lists, s.ghost_lists
         with self._lock:
-            for lst in s.lists:
-                if lst not in ghost_lists:
-                    self._seen_evictions.setdefault(lst, 0)
+            for lst in resident:
+                self._seen_evictions.setdefault(lst, 0)
             self._seen_evictions.update(c.evictions)
             self._seen_ghost_hits.update(c.ghost_hits)
             evictions = sorted(self._seen_evictions.items())
@@ -248,12 +247,12 @@ class KVOffloadCollector:
         yield _family(
             "kvoffload_policy_list_blocks",
             ("policy", "list"),
-            [((policy, k), v) for k, v in s.lists.items() if k not in ghost_lists],
+            [((policy, k), v) for k, v in resident.items()],
         )
         yield _family(
             "kvoffload_policy_ghost_entries",
             ("policy", "list"),
-            [((policy, k), v) for k, v in s.lists.items() if k in ghost_lists],
+            [((policy, k), v) for k, v in ghosts.items()],
         )
         yield _family(
             "kvoffload_policy_parameter",
