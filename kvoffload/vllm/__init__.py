@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload.vllm.config import EXTRA_CONFIG_KEYS, admin_port, offloading_config
 from kvoffload.vllm.handler import ReportingHandler
-from kvoffload.vllm.live import add_transfer_listener, live_handlers, live_managers
+from kvoffload.vllm.live import (
+    add_transfer_listener,
+    live_admin_servers,
+    live_handlers,
+    live_managers,
+)
 
 if TYPE_CHECKING:
     from kvoffload.vllm.spec import KVOffloadSpec
@@ -36,6 +41,7 @@ __all__ = [
     "ReportingHandler",
     "add_transfer_listener",
     "admin_port",
+    "live_admin_servers",
     "live_handlers",
     "live_managers",
     "offloading_config",
