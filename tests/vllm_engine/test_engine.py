@@ -19,6 +19,7 @@ from .workload import (
     NUM_GPU_BLOCKS,
     PREFIX_TOKENS,
     Run,
+    failing_engine_start,
     kvoffload_extra,
     make_llm,
     midblock_prompts,
@@ -137,7 +138,7 @@ def test_engine_zeroed_loads_change_outputs(model_dir: Path, baseline: Run) -> N
 
 def test_engine_bad_extra_config_fails_engine_start_naming_choices(model_dir: Path) -> None:
     extra = kvoffload_extra(num_cpu_blocks=0, block_size=48, eviction_policy="mru")
-    with pytest.raises(ConfigError) as info:
+    with failing_engine_start(), pytest.raises(ConfigError) as info:
         make_llm(model_dir, extra)
     message = str(info.value)
     assert "num_cpu_blocks must be a positive integer, got 0" in message
@@ -155,7 +156,10 @@ def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
         "spec_module_path": "kvoffload.spec",
         "num_cpu_blocks": 8,
     }
-    with pytest.raises(Exception, match="only supported on CUDA-alike GPUs"):
+    with (
+        failing_engine_start(),
+        pytest.raises(Exception, match="only supported on CUDA-alike GPUs"),
+    ):
         make_llm(model_dir, extra)
 
 

@@ -18,7 +18,8 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,20 @@ def make_llm(model_dir: Path, extra: Mapping[str, Any] | None) -> Any:
         seed=0,
         kv_transfer_config=kv,
     )
+
+
+@contextmanager
+def failing_engine_start() -> Iterator[None]:
+    """Around an engine start that must fail: vLLM 0.11.2 keeps the failed
+    engine's worker connector in its process global (EngineCore.shutdown()
+    would release it), and the next engine in this process would get it
+    instead of its own. Release it as shutdown does."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    try:
+        yield
+    finally:
+        ensure_kv_transfer_shutdown()
 
 
 def kvoffload_extra(**extra: Any) -> dict[str, Any]:
