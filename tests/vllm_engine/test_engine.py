@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -165,8 +167,13 @@ def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
 
 def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path: Path) -> None:
     """With vLLM's engine core in a child process (its default outside
-    tests) the spec is loaded there and the tier serves the prefix."""
-    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc")
+    tests) the spec is loaded there and the tier serves the prefix; the
+    admin server runs there too, with the worker's transfers, logs where it
+    listens and is reached from the parent process, which has none."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc", admin_port=port)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     script = Path(__file__).with_name("workload.py")
     result = tmp_path / "steps.json"
@@ -178,6 +185,17 @@ def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = json.loads(result.read_text())
+    answer = json.loads(result.read_text())
+    steps = answer["steps"]
     assert {n: tuple(s["output"]) for n, s in steps.items()} == baseline.outputs()
     assert steps["a_again"]["cached_tokens"] == PREFIX_TOKENS
+    admin = answer["admin"]
+    assert admin["servers_here"] == 0  # the front-end process runs none
+    assert admin["cache"]["policy"] == "kvarc"
+    assert admin["cache"]["counters"]["load_blocks"] == PREFIX_TOKENS // GPU_BLOCK_SIZE
+    assert 'kvoffload_transfer_jobs_total{direction="load",outcome="ok"} 1.0' in admin["metrics"]
+    assert re.search(
+        rf"\(EngineCore\S* pid=\d+\)\S* INFO .* kvoffload admin API of this vLLM engine at "
+        rf"http://127\.0\.0\.1:{port} \(admin_port {port} ",
+        out.stdout + out.stderr,
+    ), (out.stdout + out.stderr)[-3000:]
