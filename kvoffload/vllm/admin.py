@@ -10,10 +10,10 @@ scheduler's calls (:class:`~kvoffload.runtime.HostedManager`).
 
 When it stops: vLLM 0.11.2 tells the spec nothing at shutdown
 (``OffloadingConnector`` inherits the base class's no-op ``shutdown()``), and
-it freezes the engine's objects at start-up (``gc.freeze()``), so their collection
-is not a signal either. What ``EngineCore.shutdown()`` does release is the
-KV connector of each worker it runs in its own process, and with it that
-worker's handler: the server stops when the first such handler is freed.
+it freezes the engine's objects at start-up (``gc.freeze()``), so the engine
+is never collected in-process either. What ``EngineCore.shutdown()`` does
+free is the KV connector of each worker it runs in its own process, and with
+it that worker's handler: the server stops when the first such handler goes.
 Without one (tensor-parallel workers run in processes of their own) it stops
 when vLLM drops the manager, or at interpreter exit, which, with the engine
 core in a process of its own, is the engine's shutdown.
@@ -120,7 +120,9 @@ class _EngineTarget:
         self, policy: str, expected_version: int | None = None
     ) -> Future[CommandResult]:
         hosted = self._hosted()
-        return hosted.switch_policy(policy, expected_version) if hosted else _engine_gone()
+        if hosted is None:  # not `if hosted`: an empty manager is falsy (len 0)
+            return _engine_gone()
+        return hosted.switch_policy(policy, expected_version)
 
     def reset(self) -> Future[CommandResult]:
         hosted = self._hosted()
@@ -186,8 +188,8 @@ def serve_admin(
 
 def _stop(server: AdminServer, remove_listener: Callable[[], None]) -> None:
     remove_listener()
-    # RuntimeError: vLLM's engine was collected on the server's own thread,
-    # which cannot join itself; stop() has told it to exit, and it does once
-    # this returns
+    # RuntimeError: the last reference went on the server's own thread, which
+    # cannot join itself; stop() has told it to exit, and it does once this
+    # returns
     with contextlib.suppress(RuntimeError):
         server.stop()

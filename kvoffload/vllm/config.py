@@ -83,11 +83,10 @@ def offloading_config(
             f"{', '.join(available_policies())})"
         )
 
-    if "admin_port" in extra:
-        try:
-            admin_port(extra)
-        except ConfigError as exc:
-            problems.append(str(exc))
+    try:
+        admin_port(extra)
+    except ConfigError as exc:
+        problems.append(str(exc))
 
     if problems:
         raise ConfigError(

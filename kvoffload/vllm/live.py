@@ -10,7 +10,8 @@ to (as a :class:`~kvoffload.runtime.observer.TransferRecord`). A worker in
 another process has its own registry: listeners added here never hear of its
 jobs.
 
-Everything is held weakly, so an engine that is gone leaves nothing behind.
+Managers, handlers and servers are held weakly, so an engine that is gone
+leaves nothing behind.
 """
 
 from __future__ import annotations

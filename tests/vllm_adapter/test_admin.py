@@ -13,11 +13,12 @@ import httpx
 import pytest
 
 from kvoffload import BlockHash, ConfigError, CPUBackend, PolicyOffloadingManager
-from kvoffload.runtime import TransferRecord
+from kvoffload.runtime import EngineStoppedError, TransferRecord
 from kvoffload.vllm import live, live_admin_servers
 from kvoffload.vllm.admin import VLLMHostedManager, serve_admin
 
 ADMIN = "admin-secret"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 
 @pytest.fixture(autouse=True)
@@ -94,9 +95,7 @@ def test_served_manager_answers_over_http_and_refuses_drains() -> None:
     assert cache["workload"].startswith("vLLM engine core (pid ")
     events = httpx.get(f"{server.url}/v1/events").json()["events"]
     assert len(events) == hosted.event_log.last_seq  # type: ignore[union-attr]
-    drain = httpx.post(
-        f"{server.url}/v1/events:drain", headers={"Authorization": f"Bearer {ADMIN}"}
-    )
+    drain = httpx.post(f"{server.url}/v1/events:drain", headers=AUTH)
     assert drain.status_code == 409
     assert drain.json()["error"]["code"] == "not_supported"
     assert "GET /v1/events?after_seq=N, which removes nothing" in drain.json()["error"]["message"]
@@ -104,6 +103,22 @@ def test_served_manager_answers_over_http_and_refuses_drains() -> None:
     del hosted
     gc.collect()
     assert not server.running
+
+
+def test_served_manager_switches_policy_and_resets_over_http_even_when_empty() -> None:
+    hosted = served()
+    (server,) = live_admin_servers()
+    put = httpx.put(f"{server.url}/v1/policy", json={"policy": "arc"}, headers=AUTH)
+    assert put.status_code == 200, put.text
+    assert (put.json()["policy"], hosted.policy_name) == ("arc", "arc")
+    reset = httpx.post(f"{server.url}/v1/cache:reset", json={"confirm": True}, headers=AUTH)
+    assert reset.status_code == 200, reset.text
+    target = server.service.target
+    del hosted
+    gc.collect()
+    assert target.state == "stopped"
+    with pytest.raises(EngineStoppedError, match="vLLM's engine has shut down"):
+        target.switch_policy("lru").result(timeout=1)
 
 
 def test_server_stops_when_vllm_drops_the_manager_and_frees_the_port() -> None:
