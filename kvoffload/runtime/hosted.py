@@ -23,7 +23,8 @@ Threading contract:
   host acts on that answer in its next call (vLLM's scheduler calls
   ``prepare_load`` for those blocks right after), and a reset in between
   would evict what it counted. Policy switches keep every block and are
-  never held.
+  not held (one queued behind a held reset waits for it: commands keep
+  their order).
 - The snapshot is published under the lock after every command (so the next
   read shows it) and at the end of a host call when the last one is older
   than ``snapshot_max_age``; :meth:`snapshot` refreshes it itself, without

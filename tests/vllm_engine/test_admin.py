@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from kvoffload import ConfigError
+from kvoffload.instrumentation.catalogue import METRICS
 from kvoffload.vllm import live_admin_servers
 
 from .workload import (
@@ -102,6 +103,10 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
             seen["load_blocks_metric"] = metric(
                 url, 'kvoffload_transfer_blocks_total{direction="load"}'
             )
+            seen["load_bucket_inf"] = metric(
+                url, 'kvoffload_transfer_duration_seconds_bucket{direction="load",le="+Inf"}'
+            )
+            seen["exposition"] = httpx.get(f"{url}/metrics").text
             seen["events"] = httpx.get(f"{url}/v1/events").json()
             seen["events_again"] = httpx.get(f"{url}/v1/events").json()
             seen["url"] = url
@@ -135,8 +140,11 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
     assert end["store_blocks"]["stored"] + blocks["in_flight"] == stored == blocks["used"]
     # the worker runs in the engine-core process: its transfers are in /metrics
     loads = [t for s in run.steps.values() for t in s.transfers if t[0] == "load"]
-    assert seen["loads"] == seen["load_count"] == len(loads) >= 1
+    assert seen["loads"] == seen["load_count"] == seen["load_bucket_inf"] == len(loads) >= 1
     assert seen["load_blocks_metric"] == sum(n for _, n, _, _ in loads) == PREFIX_BLOCKS
+    # and the whole catalogue
+    missing = [m.name for m in METRICS if f"# TYPE {m.name} " not in seen["exposition"]]
+    assert missing == []
     # vLLM did not enable KV events: it published none, /v1/events has them all
     assert run.published == []
     events = seen["events"]["events"]
