@@ -29,6 +29,8 @@ class Calls:
     scheduled: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     #: (step, request, number of block hashes touched) in call order
     touches: list[tuple[int, str, int]] = field(default_factory=list)
+    #: the step of each call of the manager's take_events
+    taken: list[int] = field(default_factory=list)
 
     def first(self, table: dict[int, list[str]], request: str) -> int:
         return min(step for step, reqs in table.items() if request in reqs)
@@ -51,6 +53,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
 
     record = Calls()
     matched, meta = Connector.get_num_new_matched_tokens, Connector.build_connector_meta
+    take = Connector.take_events
 
     def get_num_new_matched_tokens(self: Any, request: Any, num_computed_tokens: int) -> Any:
         record.looked_up[record.step].append(request.request_id)
@@ -65,6 +68,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Calls]:
         record.step += 1
         return out
 
+    def take_events(self: Any) -> Iterator[Any]:
+        # the step counter moved on in this step's build_connector_meta
+        record.taken.append(record.step - 1)
+        yield from take(self)
+
+    monkeypatch.setattr(Connector, "take_events", take_events)
     monkeypatch.setattr(Connector, "get_num_new_matched_tokens", get_num_new_matched_tokens)
     monkeypatch.setattr(Connector, "build_connector_meta", build_connector_meta)
     yield record
@@ -108,6 +117,9 @@ def test_waiting_requests_behind_max_num_seqs_are_not_looked_up_while_it_is_reac
     for request in ids[4:]:
         ahead = calls.first(calls.scheduled, request) - calls.first(calls.looked_up, request)
         assert 0 <= ahead <= 1
+    # the step boundary a manager sees: one take_events at the end of each
+    # step, although vLLM's KV events are off here
+    assert calls.taken == list(range(calls.step))
 
 
 def test_waiting_request_without_gpu_blocks_is_looked_up_every_step_until_it_runs(
