@@ -24,6 +24,7 @@ from .workload import (
     PREFIX_TOKENS,
     Run,
     failing_engine_start,
+    free_port,
     kvoffload_extra,
     make_llm,
     run_workload,
@@ -33,12 +34,6 @@ BIG_TIER = 256
 ADMIN = "admin-secret"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 PREFIX_BLOCKS = PREFIX_TOKENS // GPU_BLOCK_SIZE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 #: one port for every engine of this module: each must free it for the next

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from .workload import (
     PREFIX_TOKENS,
     Run,
     failing_engine_start,
+    free_port,
     kvoffload_extra,
     make_llm,
     midblock_prompts,
@@ -170,9 +170,7 @@ def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path
     tests) the spec is loaded there and the tier serves the prefix; the
     admin server runs there too, with the worker's transfers, logs where it
     listens and is reached from the parent process, which has none."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc", admin_port=port)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     script = Path(__file__).with_name("workload.py")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -110,6 +111,13 @@ def failing_engine_start() -> Iterator[None]:
         yield
     finally:
         ensure_kv_transfer_shutdown()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def kvoffload_extra(**extra: Any) -> dict[str, Any]:
