@@ -88,7 +88,12 @@ def wire(
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     prometheus = prometheus if prometheus is not None else PrometheusObserver()
     registry.register(prometheus)
-    KVOffloadCollector(target.snapshot, registry=registry, config_info=config_labels(target.config))
+    KVOffloadCollector(
+        target.snapshot,
+        registry=registry,
+        config_info=config_labels(target.config),
+        event_log=target.event_log,
+    )
     tracer = (
         tracer_provider.get_tracer("kvoffload.admin", __version__)
         if tracer_provider is not None
@@ -150,7 +155,7 @@ def start_engine(
     logger.info(
         "engine running: policy %s, %d CPU blocks of %d tokens, workload: %s",
         settings.policy,
-        settings.capacity,
+        settings.num_cpu_blocks,
         settings.offloaded_block_size,
         engine.workload_description,
     )

@@ -28,7 +28,7 @@ def engine_config(settings: Settings) -> EngineConfig:
     :class:`~kvoffload.errors.ConfigError` when they do not fit together)."""
     return EngineConfig(
         policy=settings.policy,
-        num_cpu_blocks=settings.capacity,
+        num_cpu_blocks=settings.num_cpu_blocks,
         num_gpu_blocks=settings.gpu_blocks,
         gpu_block_size=settings.gpu_block_size,
         offloaded_block_size=settings.offloaded_block_size,
@@ -39,7 +39,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         kv_layout=settings.kv_layout,
         device=settings.device,
         max_requests_per_step=settings.max_requests_per_step,
-        event_log_capacity=settings.event_ring_size,
+        event_log_capacity=settings.event_log_capacity,
         speed=settings.speed or None,
         inject_failure_rate=settings.inject_failure_rate,
         seed=settings.seed,

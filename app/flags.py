@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.settings import ENV_PREFIX, Settings
+from app.settings import ENV_PREFIX, RENAMED, Settings, env_name, flag_name
 
 __all__ = ["ENV_ONLY", "build_parser", "describe_errors", "env_name", "flag_name", "parse_settings"]
 
@@ -33,14 +33,6 @@ when no OTLP endpoint is set).
 """
 
 
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
-
-
-def env_name(field: str) -> str:
-    return ENV_PREFIX + field.upper()
-
-
 def build_parser(prog: str = "kvoffload serve") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -50,6 +42,11 @@ def build_parser(prog: str = "kvoffload serve") -> argparse.ArgumentParser:
     )
     for name, field in Settings.model_fields.items():
         if name in ENV_ONLY:
+            continue
+        if name in RENAMED:  # accepted, so that the settings say what it is called now
+            parser.add_argument(
+                flag_name(name), dest=name, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            )
             continue
         default = field.default
         help_text = f"{field.description} [env {env_name(name)}; default: {default}]"

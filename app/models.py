@@ -7,9 +7,12 @@ is an error, not a silent no-op.
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from app.policy_name import PolicyName
 from kvoffload.event_log import EventKind, EventLogStats, EventRecord
@@ -69,81 +72,100 @@ class _Request(BaseModel):
 class BlockCounts(_Response):
     """Offloaded (CPU) blocks by state; ``used + free == capacity``."""
 
-    capacity: int = Field(description="blocks the CPU tier holds")
-    used: int = Field(description="blocks holding data or a store in flight")
-    free: int
-    pinned: int = Field(description="resident blocks being loaded (ref_cnt > 0)")
-    in_flight: int = Field(description="blocks whose store is in flight (ref_cnt = -1)")
+    capacity: int = Field(description="offloaded blocks the CPU tier holds")
+    used: int = Field(description="offloaded blocks holding data or a store in flight")
+    free: int = Field(description="offloaded blocks unallocated")
+    pinned: int = Field(description="resident offloaded blocks being loaded (ref_cnt > 0)")
+    in_flight: int = Field(description="offloaded blocks whose store is in flight (ref_cnt = -1)")
 
 
 class ARCState(_Response):
-    """The four lists (blocks) of an ARC-family policy (arc, kvarc) and its
-    adaptive target for T1."""
+    """The four lists of an ARC-family policy (arc, kvarc) and its adaptive
+    target for T1."""
 
-    t1: int = Field(description="recent: seen once")
-    t2: int = Field(description="frequent: seen at least twice")
-    b1: int = Field(description="ghosts evicted from T1")
-    b2: int = Field(description="ghosts evicted from T2")
-    target_t1_size: float
+    t1: int = Field(description="resident offloaded blocks seen once (recent)")
+    t2: int = Field(description="resident offloaded blocks seen at least twice (frequent)")
+    b1: int = Field(description="ghosts: hashes of offloaded blocks evicted from T1 (no data)")
+    b2: int = Field(description="ghosts: hashes of offloaded blocks evicted from T2 (no data)")
+    target_t1_size: float = Field(description="the adaptive target size of T1, in offloaded blocks")
 
 
-class CacheCounters(_Response):
-    """Monotonic manager counters since start (a policy switch keeps them)."""
-
-    lookups: int
-    lookup_blocks: int
-    hit_blocks: int
-    load_blocks: int
-    load_completed_blocks: int
-    touches: int
-    store_prepared_blocks: int
-    store_blocks: dict[str, int] = Field(
-        description="blocks by outcome: stored, skipped_present, failed, rejected_no_room"
+def _model_of(
+    cls: type, doc: str, descriptions: Mapping[str, str], name: str | None = None
+) -> type[_Response]:
+    """A response model with the fields of the dataclass ``cls``, their types,
+    and ``descriptions`` (one per field, no more: a field added to ``cls``
+    without a description fails here, at import)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if set(names) != set(descriptions):
+        raise TypeError(
+            f"describe exactly the fields of {cls.__name__}: "
+            f"missing {sorted(set(names) - set(descriptions))}, "
+            f"unknown {sorted(set(descriptions) - set(names))}"
+        )
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {n: (hints[n], Field(description=descriptions[n])) for n in names}
+    model: type[_Response] = create_model(
+        name or cls.__name__, __base__=_Response, __doc__=doc, **fields
     )
-    rejected_stores: int
-    evictions: dict[str, int] = Field(description="evicted blocks by the list they left")
-    ghost_hits: dict[str, int] = Field(
-        description="hits on a ghost list, by list: touches for arc, re-stores for kvarc"
+    return model
+
+
+_CACHE_COUNTERS = {
+    "lookups": "lookup calls",
+    "lookup_blocks": "offloaded blocks named by lookups",
+    "hit_blocks": "offloaded blocks lookups found ready (the hit prefixes)",
+    "load_blocks": "offloaded blocks pinned for loading by prepare_load",
+    "load_completed_blocks": "offloaded blocks unpinned by complete_load (loads finished, "
+    "successful or not)",
+    "touches": "offloaded blocks named by touch calls",
+    "store_prepared_blocks": "offloaded blocks allocated for storing by prepare_store",
+    "store_blocks": "offloaded blocks named in stores, by outcome: stored, skipped_present, "
+    "failed, rejected_no_room",
+    "rejected_stores": "prepare_store calls rejected for lack of room",
+    "evictions": "offloaded blocks evicted, by the resident list they left",
+    "ghost_hits": "hits on a ghost list (a remembered hash of an evicted offloaded block), "
+    "by list: touches for arc, re-stores for kvarc",
+    "policy_switches": "live policy switches applied",
+}
+
+if TYPE_CHECKING:
+    CacheCounters = _Response
+    RuntimeCounters = _Response
+else:
+    CacheCounters = _model_of(
+        ManagerCounters,
+        "Monotonic manager counters since start (a policy switch keeps them), in offloaded "
+        "blocks of `block_size` tokens.",
+        _CACHE_COUNTERS,
+        name="CacheCounters",
     )
-    policy_switches: int
-
-    @classmethod
-    def from_counters(cls, c: ManagerCounters) -> CacheCounters:
-        return cls.model_validate(c, from_attributes=True)
-
-
-class RuntimeCounters(_Response):
-    """Monotonic counters of the serving loop since start (reset keeps them)."""
-
-    steps: int
-    requests: int
-    prompt_tokens: int
-    gpu_hit_tokens: int
-    cpu_hit_tokens: int
-    computed_tokens: int
-    load_jobs: int
-    store_jobs: int
-    failed_jobs: int
-    loaded_blocks: int
-    stored_blocks: int
-    loaded_bytes: int
-    stored_bytes: int
-    verify_failures: int = Field(description="loads whose bytes differed from the store; stays 0")
-    step_seconds_total: float
-    last_step_seconds: float
-
-    @classmethod
-    def from_stats(cls, r: RuntimeStats) -> RuntimeCounters:
-        return cls.model_validate(r, from_attributes=True)
+    RuntimeCounters = _model_of(
+        RuntimeStats,
+        "Monotonic counters of the serving loop since start (reset keeps them); its block "
+        "counts are of GPU blocks of `gpu_block_size` tokens.",
+        {f.name: f.metadata["description"] for f in dataclasses.fields(RuntimeStats)},
+        name="RuntimeCounters",
+    )
 
 
 class EventLogView(_Response):
-    appended: int
-    dropped: int = Field(description="records that fell off the ring unread")
-    drained: int
-    buffered: int
-    capacity: int
-    last_seq: int
+    """Event-log counts, read when the answer is made; at a quiet moment
+    ``appended == overwritten + drained + buffered``."""
+
+    appended: int = Field(description="records ever appended")
+    overwritten: int = Field(
+        description="records pushed out of the full ring by newer ones before any drain took "
+        "them (normal without a drainer: readers that keep up still read them)"
+    )
+    drained: int = Field(description="records removed by drains")
+    missed: int = Field(
+        description="records readers asked for after their cursor that were already gone "
+        "(overwritten or drained), summed over the answers: a consumer is losing records"
+    )
+    buffered: int = Field(description="records in the ring now")
+    capacity: int = Field(description="records the ring holds")
+    last_seq: int = Field(description="seq of the newest record (0 if none)")
 
     @classmethod
     def from_stats(cls, s: EventLogStats) -> EventLogView:
@@ -151,7 +173,8 @@ class EventLogView(_Response):
 
 
 class CacheView(_Response):
-    """The cache at one instant: every field comes from the same snapshot."""
+    """The cache at one instant: every field comes from the same snapshot,
+    except ``events``, the event log's counts when the answer was made."""
 
     policy: str
     policy_version: int
@@ -159,23 +182,39 @@ class CacheView(_Response):
     step: int = Field(description="engine steps completed when the snapshot was taken")
     timestamp: float = Field(description="when the snapshot was taken (Unix seconds)")
     workload: str
-    block_size: int = Field(description="tokens per offloaded block")
+    block_size: int = Field(
+        description="tokens per offloaded block: the unit of blocks, lists, arc and counters"
+    )
+    gpu_block_size: int | None = Field(
+        description="tokens per GPU block: the unit of runtime's block counts (null for a "
+        "hosted manager, whose host owns the GPU side)"
+    )
     medium: str
     blocks: BlockCounts
-    lists: dict[str, int] = Field(description="sizes of the policy's lists")
+    lists: dict[str, int] = Field(
+        description="offloaded blocks in each resident list of the policy"
+    )
+    ghost_lists: dict[str, int] = Field(
+        description="hashes of evicted offloaded blocks remembered in each ghost list of the "
+        "policy (no data; arc, kvarc)"
+    )
     arc: ARCState | None = Field(
         description="T1/T2/B1/B2 and target; null unless the policy is of the ARC family"
         " (arc, kvarc)"
     )
     hit_ratio: float = Field(
-        ge=0.0, le=1.0, description="blocks hit / blocks looked up, since start"
+        ge=0.0,
+        le=1.0,
+        description="offloaded blocks hit / offloaded blocks looked up, since start",
     )
     counters: CacheCounters
     runtime: RuntimeCounters
     events: EventLogView | None
 
     @classmethod
-    def from_snapshot(cls, snap: EngineSnapshot) -> CacheView:
+    def from_view(cls, snap: EngineSnapshot, events: EventLogStats | None) -> CacheView:
+        """The cache as ``snap`` shows it, with the event log's counts ``events``
+        (read live: drains and reads happen outside the snapshot)."""
         m = snap.manager
         arc_lists, target = m.arc_lists, m.target_t1_size
         arc = None
@@ -189,6 +228,7 @@ class CacheView(_Response):
             timestamp=snap.timestamp,
             workload=snap.workload,
             block_size=m.block_size,
+            gpu_block_size=snap.gpu_block_size,
             medium=m.medium,
             blocks=BlockCounts(
                 capacity=m.capacity,
@@ -197,12 +237,13 @@ class CacheView(_Response):
                 pinned=m.pinned,
                 in_flight=m.in_flight,
             ),
-            lists=dict(m.lists),
+            lists=m.resident_lists,
+            ghost_lists=m.ghost_lists,
             arc=arc,
             hit_ratio=m.hit_ratio,
-            counters=CacheCounters.from_counters(m.counters),
-            runtime=RuntimeCounters.from_stats(snap.runtime),
-            events=EventLogView.from_stats(m.events) if m.events is not None else None,
+            counters=CacheCounters.model_validate(m.counters, from_attributes=True),
+            runtime=RuntimeCounters.model_validate(snap.runtime, from_attributes=True),
+            events=EventLogView.from_stats(events) if events is not None else None,
         )
 
 

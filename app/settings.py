@@ -10,15 +10,29 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.policy_name import PolicyName
 from kvoffload.policies import available_policies
 
-__all__ = ["ENV_PREFIX", "LogLevel", "Settings", "is_loopback"]
+__all__ = ["ENV_PREFIX", "RENAMED", "LogLevel", "Settings", "env_name", "flag_name", "is_loopback"]
 
 ENV_PREFIX = "KVOFFLOAD_"
+
+#: settings renamed to the library's (and vLLM's) words: old name -> new name.
+#: An old name, as a variable, a flag or a keyword, fails at start with one
+#: line naming the new one instead of being ignored.
+RENAMED = {"capacity": "num_cpu_blocks", "event_ring_size": "event_log_capacity"}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 
@@ -60,8 +74,9 @@ class Settings(BaseSettings):
         default="lru",
         description=f"eviction policy at start: {', '.join(available_policies())}",
     )
-    capacity: PositiveInt = Field(
-        default=2048, description="CPU tier capacity in offloaded blocks (num_cpu_blocks)"
+    num_cpu_blocks: PositiveInt = Field(
+        default=2048,
+        description="offloaded blocks the CPU tier holds (of --offloaded-block-size tokens)",
     )
     gpu_blocks: PositiveInt = Field(default=512, description="blocks of the simulated GPU KV cache")
     gpu_block_size: PositiveInt = Field(default=16, description="tokens per GPU block")
@@ -108,8 +123,9 @@ class Settings(BaseSettings):
         default=512, description="tokens per hash_ids entry of the trace (512 in Mooncake's)"
     )
     seed: int = Field(default=0, ge=0, description="seed of the built-in workload")
-    event_ring_size: PositiveInt = Field(
-        default=10_000, description="records the event log keeps before the oldest fall off"
+    event_log_capacity: PositiveInt = Field(
+        default=10_000,
+        description="records the event log keeps before new ones overwrite the oldest",
     )
 
     # -- auth ------------------------------------------------------------------
@@ -170,6 +186,20 @@ class Settings(BaseSettings):
         description="records a stream replays from its cursor (Last-Event-ID, after_seq) "
         "before it skips to the live tail, telling the client how many it skipped",
     )
+
+    # -- renamed (see RENAMED): rejected, naming the new name --------------------
+    capacity: str | None = Field(default=None, exclude=True, description="renamed: num_cpu_blocks")
+    event_ring_size: str | None = Field(
+        default=None, exclude=True, description="renamed: event_log_capacity"
+    )
+
+    @field_validator(*RENAMED, mode="before")
+    @classmethod
+    def _renamed(cls, value: object, info: ValidationInfo) -> object:
+        if value is not None:
+            new = RENAMED[str(info.field_name)]
+            raise ValueError(f"renamed: use {flag_name(new)} / {env_name(new)}")
+        return value
 
     @field_validator("admin_token", "read_token", mode="before")
     @classmethod

@@ -12,68 +12,86 @@ from prometheus_client import CollectorRegistry
 
 from app.settings import Settings
 from app.target import AdminTarget
+from kvoffload.event_log import EventLogStats
 from kvoffload.instrumentation.prometheus import PrometheusObserver
 from kvoffload.runtime.snapshot import EngineSnapshot
 
-__all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots"]
+__all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots", "View"]
+
+
+#: what a read answers from: the target's latest snapshot and the event log's
+#: counts at the moment of the read (``None`` without an event log)
+View = tuple[EngineSnapshot, EventLogStats | None]
+
+
+def _drained(events: EventLogStats | None) -> int | None:
+    return None if events is None else events.drained
 
 
 class SnapshotCache:
-    """A rendering (JSON body, metrics exposition) of the last snapshot served.
+    """A rendering (the ``/v1/cache`` JSON body) of the last view served.
 
-    Pollers often ask again before the engine publishes a new snapshot; they
-    then get the same bytes without rendering again. The pair is swapped in
-    one assignment, so readers never see a body from another snapshot. Nothing
+    Pollers often ask again before anything changed; they then get the same
+    bytes without rendering again. A view is the same when the snapshot is the
+    same object and the event log's counts are equal: a drain or a read from
+    another thread changes them without a new snapshot. The pair is swapped in
+    one assignment, so readers never see a body from another view. Nothing
     here is shared with the engine thread.
     """
 
     __slots__ = ("_entry",)
 
     def __init__(self) -> None:
-        self._entry: tuple[EngineSnapshot, bytes] | None = None
+        self._entry: tuple[View, bytes] | None = None
 
-    def get(self, snap: EngineSnapshot) -> bytes | None:
+    def get(self, view: View) -> bytes | None:
         entry = self._entry
-        if entry is not None and entry[0] is snap:
+        if entry is not None and entry[0][0] is view[0] and entry[0][1] == view[1]:
             return entry[1]
         return None
 
-    def put(self, snap: EngineSnapshot, body: bytes) -> None:
-        self._entry = (snap, body)
+    def put(self, view: View, body: bytes) -> None:
+        self._entry = (view, body)
 
 
 class MetricsCache:
     """The last ``/metrics`` exposition, reused while it is from the current
-    snapshot, or younger than ``max_age`` seconds and from a snapshot with the
-    same policy version and engine state.
+    view (see :class:`SnapshotCache`), or younger than ``max_age`` seconds and
+    from a snapshot with the same policy version and engine state and an event
+    log drained as far.
 
     Rendering costs about a millisecond of Python, taken from the engine's
     GIL time; the age bound caps that at ``1/max_age`` renderings a second
-    however often clients scrape. Discrete changes (a policy switch, a pause)
-    are always shown at once; counters may be up to ``max_age`` old, far
-    below any scrape interval.
+    however often clients scrape. Discrete changes (a policy switch, a pause,
+    a drain) are always shown at once; counters may be up to ``max_age`` old,
+    far below any scrape interval.
     """
 
     __slots__ = ("_entry", "max_age")
 
     def __init__(self, max_age: float = 0.1) -> None:
         self.max_age = max_age
-        self._entry: tuple[EngineSnapshot, float, bytes] | None = None
+        self._entry: tuple[View, float, bytes] | None = None
 
-    def get(self, snap: EngineSnapshot) -> bytes | None:
+    def get(self, view: View) -> bytes | None:
         entry = self._entry
         if entry is None:
             return None
-        cached, rendered_at, body = entry
-        if cached is snap:
+        (cached, events), rendered_at, body = entry
+        snap, now = view
+        if cached is snap and events == now:
             return body
-        same_shape = cached.policy_version == snap.policy_version and cached.state == snap.state
+        same_shape = (
+            cached.policy_version == snap.policy_version
+            and cached.state == snap.state
+            and _drained(events) == _drained(now)
+        )
         if same_shape and time.monotonic() - rendered_at < self.max_age:
             return body
         return None
 
-    def put(self, snap: EngineSnapshot, body: bytes) -> None:
-        self._entry = (snap, time.monotonic(), body)
+    def put(self, view: View, body: bytes) -> None:
+        self._entry = (view, time.monotonic(), body)
 
 
 class StreamSlots:
@@ -113,3 +131,10 @@ class ServiceState:
 
     def __post_init__(self) -> None:
         self.streams = StreamSlots(self.settings.max_event_streams)
+
+    def view(self) -> View:
+        """The target's latest snapshot and the event log's counts now: the
+        log is drained and read from other threads than the one publishing
+        snapshots, so the snapshot's copy of its counts may be stale."""
+        log = self.target.event_log
+        return self.target.snapshot(), log.stats() if log is not None else None

@@ -12,8 +12,10 @@ and returns a :class:`Telemetry` holding the providers to hand to
   turns one signal off;
 - export is OTLP over HTTP/protobuf through batch processors, so a slow or
   failing collector costs the engine nothing but dropped telemetry;
-- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured; unset,
-  the sampler is ``parentbased_traceidratio`` at :data:`DEFAULT_SAMPLING_RATIO`.
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (read by
+  the SDK itself); unset, the sampler is ``parentbased_traceidratio`` at
+  :data:`DEFAULT_SAMPLING_RATIO`. Either way admin-action spans are always
+  sampled (:class:`AdminAlwaysSampler` wraps the sampler chosen).
 
 The exporters read the other OTLP variables themselves (headers, timeout,
 compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
@@ -152,11 +154,13 @@ ADMIN_SPAN_PREFIX = "kvoffload.admin."
 
 
 class AdminAlwaysSampler(Sampler):
-    """Samples every admin-action root span and defers the rest to ``delegate``.
+    """Samples every admin-action span and defers the rest to ``delegate``.
 
     Engine steps run hundreds of times a second and are sampled at a low
     ratio; a policy switch or a reset happens a few times a day and is exactly
-    what an operator looks for, so it must never be dropped by the ratio.
+    what an operator looks for, so it must never be dropped by the ratio, nor
+    by any other sampler an operator configures (``always_off`` included: it
+    silences the engine's spans, not the record of who changed what).
     """
 
     def __init__(self, delegate: Sampler) -> None:
@@ -184,12 +188,18 @@ class AdminAlwaysSampler(Sampler):
         return f"AdminAlwaysSampler{{{self._delegate.get_description()}}}"
 
 
-def _sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler | None:
-    """``None`` lets the SDK read OTEL_TRACES_SAMPLER(_ARG) itself (an
-    operator's explicit choice is taken as it is)."""
-    if _env(environ, "OTEL_TRACES_SAMPLER"):
-        return None
-    return AdminAlwaysSampler(ParentBased(TraceIdRatioBased(default_ratio)))
+def _tracer_provider(
+    environ: Mapping[str, str], resource: Resource, default_ratio: float
+) -> TracerProvider:
+    """A provider whose sampler is the one OTEL_TRACES_SAMPLER(_ARG) name (the
+    SDK reads them itself when given no sampler), or the default ratio when
+    unset, wrapped so that admin actions are always sampled."""
+    configured = _env(environ, "OTEL_TRACES_SAMPLER")
+    chosen = None if configured else ParentBased(TraceIdRatioBased(default_ratio))
+    provider = TracerProvider(resource=resource, sampler=chosen)
+    # before any tracer exists: each tracer takes the provider's sampler when made
+    provider.sampler = AdminAlwaysSampler(provider.sampler)
+    return provider
 
 
 @dataclass(eq=False)
@@ -256,7 +266,7 @@ def setup_telemetry(
             with :class:`~kvoffload.instrumentation.otel_metrics.OTelMetricsBridge`);
             ``OTEL_METRICS_EXPORTER=none`` turns it off.
         default_sampling_ratio: trace-id ratio when ``OTEL_TRACES_SAMPLER``
-            is unset.
+            is unset (admin-action spans are always sampled).
         set_global: also install the providers as the process-wide OTel
             globals (for third-party instrumentation; kvoffload never needs it).
     """
@@ -274,7 +284,7 @@ def setup_telemetry(
     resource = _resource(service_version)
     telemetry = Telemetry(resource=resource)
     if want["traces"]:
-        tp = TracerProvider(resource=resource, sampler=_sampler(env, default_sampling_ratio))
+        tp = _tracer_provider(env, resource, default_sampling_ratio)
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         telemetry.tracer_provider = tp
     if want["logs"]:

@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "server_args",
         nargs="*",
-        help="extra 'kvoffload serve' flags (after --), e.g. -- --capacity 4096",
+        help="extra 'kvoffload serve' flags (after --), e.g. -- --num-cpu-blocks 4096",
     )
     args = parser.parse_args(argv)
     if args.serve_floor:

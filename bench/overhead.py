@@ -127,7 +127,12 @@ def run_on(args: argparse.Namespace, workload: Workload, endpoint: str, sampler:
     cfg = _config(args)
     engine = Engine(cfg, workload, observers)
     tracing.watch_event_log(engine.event_log)
-    KVOffloadCollector(engine.snapshot, registry=registry, config_info=config_labels(cfg))
+    KVOffloadCollector(
+        engine.snapshot,
+        registry=registry,
+        config_info=config_labels(cfg),
+        event_log=engine.event_log,
+    )
 
     stop = threading.Event()
     scrapes = [0]

@@ -61,7 +61,7 @@ class Result:
     def row(self) -> dict[str, float | int | str]:
         rt = self.snap.runtime
         s = self.seconds
-        moved_blocks = rt.loaded_blocks + rt.stored_blocks
+        moved_blocks = rt.loaded_gpu_blocks + rt.stored_gpu_blocks
         moved_bytes = rt.loaded_bytes + rt.stored_bytes
         prompt = max(1, rt.prompt_tokens)
         return {
@@ -73,8 +73,8 @@ class Result:
             "steps_per_s": rt.steps / s,
             "blocks_moved_per_s": moved_blocks / s,
             "bytes_moved_per_s": moved_bytes / s,
-            "loaded_blocks": rt.loaded_blocks,
-            "stored_blocks": rt.stored_blocks,
+            "loaded_gpu_blocks": rt.loaded_gpu_blocks,
+            "stored_gpu_blocks": rt.stored_gpu_blocks,
             "cpu_hit_ratio": rt.cpu_hit_tokens / prompt,
             "gpu_hit_ratio": rt.gpu_hit_tokens / prompt,
             "evictions": sum(self.snap.manager.counters.evictions.values()),
@@ -135,8 +135,8 @@ def print_table(rows: list[dict[str, float | int | str]]) -> None:
         print(
             f"{r['policy']:<7}{r['seconds']:>9.2f}{r['requests_per_s']:>9.1f}"
             f"{r['steps_per_s']:>9.1f}{r['blocks_moved_per_s']:>11.0f}"
-            f"{float(r['bytes_moved_per_s']) / MIB:>9.1f}{r['loaded_blocks']:>9}"
-            f"{r['stored_blocks']:>9}{r['cpu_hit_ratio']:>9.3f}{r['gpu_hit_ratio']:>9.3f}"
+            f"{float(r['bytes_moved_per_s']) / MIB:>9.1f}{r['loaded_gpu_blocks']:>9}"
+            f"{r['stored_gpu_blocks']:>9}{r['cpu_hit_ratio']:>9.3f}{r['gpu_hit_ratio']:>9.3f}"
             f"{r['evictions']:>9}{r['verify_failures']:>12}"
         )
     if len(rows) == 2:

@@ -29,24 +29,34 @@ UID = "kvoffload-overview"
 Panel = stat.Panel | timeseries.Panel
 
 
+def _reused_tokens(window: Callable[..., str]) -> str:
+    """Prompt tokens served without recompute (GPU prefix hits plus CPU-tier hits)."""
+    return (
+        f"{window('kvoffload_runtime_prompt_tokens_total', outcome='gpu_hit')}\n+\n"
+        f"{window('kvoffload_runtime_prompt_tokens_total', outcome='cpu_hit')}"
+    )
+
+
 def _headline() -> list[Panel]:
     return [
         stat_panel(
-            "Hit ratio",
-            "Share of looked-up blocks that were found in the offload tier, over the time range.",
+            "Prompt tokens reused",
+            "What is my hit ratio: prompt tokens whose KV was reused instead of recomputed"
+            " (found in the GPU prefix cache or loaded back from the CPU tier) over all prompt"
+            " tokens, over the time range.",
             "percentunit",
             Query(
                 ratio(
-                    increase("kvoffload_lookup_hit_blocks_total"),
-                    increase("kvoffload_lookup_blocks_total"),
+                    f"(\n{_reused_tokens(increase)}\n)",
+                    increase("kvoffload_runtime_prompt_tokens_total"),
                 )
             ),
             decimals=1,
         ),
         stat_panel(
-            "Prompt tokens from CPU",
-            "Share of prompt tokens whose KV was loaded back from the CPU tier instead of being"
-            " recomputed, over the time range.",
+            "From the CPU tier",
+            "The CPU tier's share of it: prompt tokens loaded back from the CPU tier instead of"
+            " being recomputed, over all prompt tokens, over the time range.",
             "percentunit",
             Query(
                 ratio(
@@ -71,20 +81,32 @@ def _headline() -> list[Panel]:
             show_name=True,
         ),
         stat_panel(
-            "Events dropped",
-            "Events the bounded event log discarded before anyone drained them, over the time"
-            " range. Expected when no consumer drains; with a consumer, it is falling behind.",
+            "Policy switches",
+            "Live policy switches over the time range; each is marked on the graphs with the"
+            " policies it switched from and to.",
+            "none",
+            Query(increase("kvoffload_policy_switches_total")),
+            width=2,
+            decimals=0,
+        ),
+        stat_panel(
+            "Events missed",
+            "Event-log records that readers asked for after their cursor and found gone"
+            " (overwritten in the full ring, or drained), over the time range: a consumer is"
+            " losing events. Records overwritten while nobody reads are no loss and not counted.",
             "count:events",
-            Query(increase("kvoffload_events_dropped_total")),
+            Query(increase("kvoffload_events_missed_total")),
+            width=2,
             red_from=1,
             decimals=0,
         ),
         stat_panel(
             "Failed transfers",
             "Transfer jobs (either direction) that failed over the time range; their stores were"
-            " rolled back.",
+            " rolled back and their loads recomputed.",
             "count:jobs",
             Query(increase("kvoffload_transfer_jobs_total", outcome="failed")),
+            width=2,
             red_from=1,
             decimals=0,
         ),
@@ -114,16 +136,17 @@ def _effectiveness() -> list[Panel]:
     return [
         timeseries_panel(
             "Hit ratio",
-            "Share of looked-up blocks found in the offload tier, and share of prompt tokens"
-            " whose KV was loaded from the CPU tier, both computed from counter rates.",
+            "Prompt tokens reused (GPU prefix cache plus CPU tier) and loaded from the CPU tier,"
+            " as shares of all prompt tokens, and the share of looked-up offloaded blocks found"
+            " in the tier; all from counter rates.",
             "percentunit",
             [
                 Query(
                     ratio(
-                        rate("kvoffload_lookup_hit_blocks_total"),
-                        rate("kvoffload_lookup_blocks_total"),
+                        f"(\n{_reused_tokens(rate)}\n)",
+                        rate("kvoffload_runtime_prompt_tokens_total"),
                     ),
-                    "lookup blocks",
+                    "prompt tokens reused",
                 ),
                 Query(
                     ratio(
@@ -132,6 +155,13 @@ def _effectiveness() -> list[Panel]:
                     ),
                     "prompt tokens from CPU",
                 ),
+                Query(
+                    ratio(
+                        rate("kvoffload_lookup_hit_blocks_total"),
+                        rate("kvoffload_lookup_blocks_total"),
+                    ),
+                    "lookup blocks",
+                ),
             ],
             min_value=0,
             max_value=1,
@@ -139,7 +169,7 @@ def _effectiveness() -> list[Panel]:
         timeseries_panel(
             "Prompt tokens by source",
             "Where the KV of each prompt token came from: already on the GPU, loaded from the"
-            " CPU tier, or computed.",
+            " CPU tier, or computed (a failed load's tokens included).",
             "count:tokens/s",
             [Query(rate("kvoffload_runtime_prompt_tokens_total", "outcome"), "{{outcome}}")],
             stacked=True,
@@ -208,37 +238,56 @@ def _occupancy() -> list[Panel]:
     return [
         timeseries_panel(
             "Blocks by state",
-            "Offload-tier capacity and the blocks in it: used (resident), pinned (being loaded,"
-            " ref_cnt > 0) and in flight (store not complete, ref_cnt = -1).",
+            "Offload-tier capacity and its offloaded blocks: used (resident), free, pinned"
+            " (being loaded, ref_cnt > 0) and in flight (store not complete, ref_cnt = -1).",
             "count:blocks",
             [
                 Query(total("kvoffload_capacity_blocks", "medium"), "{{medium}} capacity"),
                 Query(total("kvoffload_used_blocks", "medium"), "{{medium}} used"),
+                Query(total("kvoffload_free_blocks", "medium"), "{{medium}} free"),
                 Query(total("kvoffload_pinned_blocks", "medium"), "{{medium}} pinned"),
                 Query(total("kvoffload_in_flight_blocks", "medium"), "{{medium}} in flight"),
             ],
+            width=8,
         ),
         timeseries_panel(
-            "Blocks per policy list",
-            "Resident blocks in each list of the active eviction policy.",
+            "Resident blocks by list",
+            "What is the cache doing: the resident offloaded blocks in each list of the active"
+            " eviction policy (stacked, they add up to the used blocks).",
             "count:blocks",
             [Query(total("kvoffload_policy_list_blocks", "policy, list"), "{{policy}} {{list}}")],
+            width=8,
             stacked=True,
+        ),
+        timeseries_panel(
+            "Ghost lists",
+            "Hashes of recently evicted offloaded blocks that the policy remembers (arc, kvarc:"
+            " B1, B2); they hold no data and are not part of the tier's blocks.",
+            "count:hashes",
+            [
+                Query(
+                    total("kvoffload_policy_ghost_entries", "policy, list"),
+                    "{{policy}} {{list}}",
+                )
+            ],
+            width=8,
         ),
     ]
 
 
-def _arc() -> list[Panel]:
+def _policy() -> list[Panel]:
     return [
         timeseries_panel(
-            "ARC lists and target",
-            "While the policy is arc or kvarc: the resident lists T1 (seen once) and T2"
-            " (seen again), the ghost lists B1/B2 (recently evicted hashes) and the adaptive"
-            " target size of T1.",
-            "count:blocks",
+            "Policy parameters",
+            "The adaptive parameters of the active eviction policy, e.g. the ARC family's"
+            " target size of T1 (in offloaded blocks), against T1's actual size.",
+            "none",
             [
-                Query(total("kvoffload_arc_list_blocks", "list"), "{{list}}"),
-                Query(total("kvoffload_arc_target_t1_blocks"), "target T1"),
+                Query(
+                    f"max by (policy, name) ({series('kvoffload_policy_parameter')})",
+                    "{{policy}} {{name}}",
+                ),
+                Query(total("kvoffload_arc_list_blocks", list="t1"), "T1 size"),
             ],
         ),
         timeseries_panel(
@@ -264,7 +313,7 @@ def _transfers() -> list[Panel]:
             "Transfer blocks",
             "GPU-sized blocks copied per second by direction.",
             "count:blocks/s",
-            [Query(rate("kvoffload_transfer_blocks_total", "direction"), "{{direction}}")],
+            [Query(rate("kvoffload_transfer_gpu_blocks_total", "direction"), "{{direction}}")],
             width=8,
         ),
         timeseries_panel(
@@ -344,13 +393,15 @@ def _events() -> list[Panel]:
     return [
         timeseries_panel(
             "Event flow",
-            "Offloading events appended to the event log, drained by consumers, and dropped"
-            " because the bounded log was full.",
+            "Offloading events appended to the event log, drained by consumers, overwritten in"
+            " the full ring before any drain (normal without a drainer), and missed by readers"
+            " that fell behind.",
             "count:events/s",
             [
                 Query(rate("kvoffload_events_appended_total"), "appended"),
                 Query(rate("kvoffload_events_drained_total"), "drained"),
-                Query(rate("kvoffload_events_dropped_total"), "dropped"),
+                Query(rate("kvoffload_events_overwritten_total"), "overwritten"),
+                Query(rate("kvoffload_events_missed_total"), "missed"),
             ],
         ),
         timeseries_panel(
@@ -370,7 +421,7 @@ ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
     ("Cache effectiveness", _effectiveness),
     ("Manager operations", _operations),
     ("Occupancy", _occupancy),
-    ("ARC internals", _arc),
+    ("Policy internals", _policy),
     ("Transfers", _transfers),
     ("Engine", _engine),
     ("Event pipeline", _events),
@@ -378,17 +429,34 @@ ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
 
 
 def policy_switch_annotation() -> PrometheusAnnotation:
-    """A mark wherever an instance's policy version changed, titled with the new policy."""
-    switched = f"changes({series('kvoffload_policy_version')}[1m]) > 0"
-    current = f"max by (job, instance, policy) ({series('kvoffload_policy_info')} == 1)"
+    """One marker per policy switch, at the moment it took effect, naming from and to.
+
+    The series' value is the time of the last switch (read as the event's time), so
+    each switch is one marker however many query steps see it."""
+    switched = series("kvoffload_command_timestamp_seconds", command="switch_policy")
     return PrometheusAnnotation(
         "Policy switches",
-        f"({switched})\n* on (job, instance) group_left (policy)\n{current}",
+        f"1000 * {switched}\n* on (job, instance) group_left (previous_policy, policy)\n"
+        f"{series('kvoffload_policy_switch_info')}",
         step="15s",
         title_format="Policy switch",
-        text_format="{{instance}} now runs {{policy}}",
+        text_format="{{instance}}: {{previous_policy}} -> {{policy}}",
         tag_keys="instance,policy",
         icon_color="orange",
+    )
+
+
+def command_annotation() -> PrometheusAnnotation:
+    """One marker per pause, resume and reset, at the moment it took effect."""
+    commands = series("kvoffload_command_timestamp_seconds", regex={"command": "pause|resume|reset"})
+    return PrometheusAnnotation(
+        "Pause, resume, reset",
+        f"1000 * {commands}",
+        step="15s",
+        title_format="{{command}}",
+        text_format="{{instance}}: {{command}}",
+        tag_keys="instance,command",
+        icon_color="purple",
     )
 
 
@@ -397,8 +465,9 @@ def build() -> dashboard_model.Dashboard:
         dashboard.Dashboard("kvoffload / Overview")
         .uid(UID)
         .description(
-            "KV-cache offloading: hit ratio, manager operations, tier occupancy, ARC internals,"
-            " GPU<->CPU transfers, the engine loop and the event pipeline."
+            "KV-cache offloading: what the hit ratio is, why it changed (policy switches, pauses,"
+            " resets are marked), what the cache is doing (resident and ghost lists, the"
+            " policy's parameters), GPU<->CPU transfers, the engine loop and the event pipeline."
         )
         .tags(["kvoffload"])
         .editable()
@@ -421,6 +490,7 @@ def build() -> dashboard_model.Dashboard:
             )
         )
         .annotation(policy_switch_annotation())
+        .annotation(command_annotation())
     )
     ids = itertools.count(1)
     for panel in _headline():

@@ -30,9 +30,14 @@ METRIC_NAME = re.compile(r"\bkvoffload_[a-z0-9_]+\b")
 # --- PromQL -------------------------------------------------------------------------------
 
 
-def series(metric: str, **labels: str) -> str:
-    """A selector for ``metric`` in the selected job/instances, plus exact label matches."""
-    matchers = [SCOPE, *(f'{name}="{value}"' for name, value in labels.items())]
+def series(metric: str, *, regex: dict[str, str] | None = None, **labels: str) -> str:
+    """A selector for ``metric`` in the selected job/instances, plus exact label matches
+    and ``regex`` ones."""
+    matchers = [
+        SCOPE,
+        *(f'{name}="{value}"' for name, value in labels.items()),
+        *(f'{name}=~"{value}"' for name, value in (regex or {}).items()),
+    ]
     return f"{metric}{{{', '.join(matchers)}}}"
 
 
@@ -240,7 +245,7 @@ class _PrometheusAnnotationModel(dashboard_model.AnnotationQuery):
 
     The SDK's model stops at ``expr``; Grafana's Prometheus plugin also reads ``step``
     (the query resolution), ``titleFormat``/``textFormat`` (legend templates) and
-    ``tagKeys`` (labels turned into tags).
+    ``tagKeys`` (labels turned into tags) and ``useValueForTime`` (the value is the time).
     """
 
     def __init__(self, step: str, title_format: str, text_format: str, tag_keys: str) -> None:
@@ -257,12 +262,16 @@ class _PrometheusAnnotationModel(dashboard_model.AnnotationQuery):
             titleFormat=self.title_format,
             textFormat=self.text_format,
             tagKeys=self.tag_keys,
+            # the series' value (milliseconds) is the event's time: a value that stays
+            # the same over many steps is one event
+            useValueForTime=True,
         )
         return payload
 
 
 class PrometheusAnnotation(cogbuilder.Builder[dashboard_model.AnnotationQuery]):
-    """Builds an annotation whose events are the points where a PromQL query is > 0."""
+    """Builds an annotation whose events are at the times a PromQL query's values name
+    (Unix milliseconds, Grafana's *series value as timestamp*)."""
 
     def __init__(
         self,

@@ -1,14 +1,18 @@
 """A bounded, replayable log of offloading events.
 
 Each record gets a monotonically increasing ``seq`` and a wall-clock
-timestamp. The log is a ring: when it is full the oldest record falls off and
-is counted as dropped. Consumers either *read* after a cursor (non-destructive;
-told how many records they missed if the cursor fell off the ring) or *drain*
-(destructive; what vLLM's ``take_events`` does).
+timestamp. The log is a ring: when it is full, a new record pushes out the
+oldest, which is counted as *overwritten* (normal when nobody drains: readers
+that keep up still saw it). Consumers either *read* after a cursor
+(non-destructive; told how many records after their cursor are gone, and
+those are counted as *missed*: the sign that a consumer is losing records)
+or *drain* (destructive; what vLLM's ``take_events`` does).
 
 Concurrency: one writer (the thread that owns the manager) appends without a
-lock; any number of readers and drainers may run in other threads. Readers
-copy the ring in one C-level call, drainers serialise among themselves only.
+lock while the ring has room, and under the log's lock when it is full (a
+drain may be making room at that moment); any number of readers and drainers
+may run in other threads. Readers copy the ring in one C-level call; drains,
+stats and the missed count take the lock.
 """
 
 from __future__ import annotations
@@ -70,9 +74,20 @@ class EventPage:
 
 @dataclass(frozen=True, slots=True)
 class EventLogStats:
+    """Counts of an :class:`EventLog`; at any quiet moment
+    ``appended == overwritten + drained + buffered``."""
+
+    #: records ever appended
     appended: int
-    dropped: int
+    #: records pushed out of the full ring by a newer one before any drain
+    #: took them (readers may well have read them)
+    overwritten: int
+    #: records removed by :meth:`EventLog.drain`
     drained: int
+    #: records readers asked for (``read`` after a cursor > 0) that were
+    #: already gone, overwritten or drained: summed over the answers
+    missed: int
+    #: records in the ring now
     buffered: int
     capacity: int
     last_seq: int
@@ -88,7 +103,9 @@ class EventLog:
         self._ring: deque[EventRecord] = deque(maxlen=capacity)
         self._last_seq = 0
         self._drained = 0
-        self._drain_lock = threading.Lock()
+        self._overwritten = 0
+        self._missed = 0
+        self._lock = threading.Lock()
 
     def append(
         self,
@@ -109,8 +126,19 @@ class EventLog:
             medium,
             MappingProxyType(dict(detail)) if detail else _EMPTY,
         )
-        self._ring.append(record)
-        self._last_seq = seq
+        ring = self._ring
+        if len(ring) == self.capacity:
+            # Full: this append pushes the oldest out, unless a drain makes
+            # room first; decide under the drainers' lock. (Only this thread
+            # adds, so a ring with room keeps it until the append below.)
+            with self._lock:
+                if len(ring) == self.capacity:
+                    self._overwritten += 1
+                ring.append(record)
+                self._last_seq = seq
+        else:
+            ring.append(record)
+            self._last_seq = seq
         return record
 
     @property
@@ -118,24 +146,42 @@ class EventLog:
         """Sequence number of the newest record ever appended (0 if none)."""
         return self._last_seq
 
+    @property
+    def missed(self) -> int:
+        """Records readers were told they missed (see :class:`EventLogStats`)."""
+        return self._missed
+
     def read(self, after_seq: int = 0, limit: int | None = None) -> EventPage:
-        """Records with ``seq > after_seq``, oldest first, at most ``limit``."""
+        """Records with ``seq > after_seq``, oldest first, at most ``limit``.
+
+        With a cursor (``after_seq > 0``), the records after it that are gone
+        are answered as ``missed`` and added to :attr:`missed`; a read from the
+        start (``after_seq=0``) claims no position, so what is gone before the
+        oldest record is answered but not counted."""
         if after_seq < 0:
             raise ConfigError(f"after_seq must be >= 0, got {after_seq}")
         if limit is not None and limit <= 0:
             raise ConfigError(f"limit must be positive, got {limit}")
+        # last_seq first: a record appended after it cannot be taken for gone
+        last = self._last_seq
         records = tuple(self._ring)  # one C-level copy: a consistent view
         if not records:
-            last = self._last_seq
             missed = max(0, last - after_seq)
-            return EventPage((), missed, max(after_seq, last))
-        first = records[0].seq
-        missed = max(0, first - after_seq - 1)
-        start = max(0, after_seq - first + 1)
-        end = len(records) if limit is None else min(len(records), start + limit)
-        page = records[start:end]
-        next_after = page[-1].seq if page else max(after_seq, first - 1 if missed else after_seq)
-        return EventPage(page, missed, next_after)
+            page = EventPage((), missed, max(after_seq, last))
+        else:
+            first = records[0].seq
+            missed = max(0, first - after_seq - 1)
+            start = max(0, after_seq - first + 1)
+            end = len(records) if limit is None else min(len(records), start + limit)
+            chunk = records[start:end]
+            next_after = (
+                chunk[-1].seq if chunk else max(after_seq, first - 1 if missed else after_seq)
+            )
+            page = EventPage(chunk, missed, next_after)
+        if missed and after_seq:
+            with self._lock:
+                self._missed += missed
+        return page
 
     def drain(self, limit: int | None = None) -> list[EventRecord]:
         """Remove and return the oldest records (all of them by default)."""
@@ -143,7 +189,7 @@ class EventLog:
             raise ConfigError(f"limit must be positive, got {limit}")
         out: list[EventRecord] = []
         popleft = self._ring.popleft
-        with self._drain_lock:
+        with self._lock:
             n = len(self._ring) if limit is None else min(limit, len(self._ring))
             for _ in range(n):
                 try:
@@ -154,17 +200,21 @@ class EventLog:
         return out
 
     def stats(self) -> EventLogStats:
-        buffered = len(self._ring)
-        appended = self._last_seq
-        drained = self._drained
-        return EventLogStats(
-            appended=appended,
-            dropped=max(0, appended - drained - buffered),
-            drained=drained,
-            buffered=buffered,
-            capacity=self.capacity,
-            last_seq=appended,
-        )
+        """The counts now (safe from any thread). Under the lock no drain or
+        overwrite runs; an append into free room may, so ``appended`` may be
+        ahead of the rest by the records being appended meanwhile."""
+        with self._lock:
+            buffered = len(self._ring)
+            appended = self._last_seq
+            return EventLogStats(
+                appended=appended,
+                overwritten=self._overwritten,
+                drained=self._drained,
+                missed=self._missed,
+                buffered=buffered,
+                capacity=self.capacity,
+                last_seq=appended,
+            )
 
     def __len__(self) -> int:
         return len(self._ring)

@@ -54,6 +54,12 @@ def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
     return into
 
 
+def _lists_left(before: dict[str, int], after: dict[str, int]) -> dict[str, str]:
+    """Which lists an eviction's victims left, and how many each (a ``removed``
+    event's detail), from the policy's eviction counts before and after it."""
+    return {k: str(n - before.get(k, 0)) for k, n in after.items() if n != before.get(k, 0)}
+
+
 def _as_list(block_hashes: Iterable[BlockHash]) -> list[BlockHash]:
     return block_hashes if type(block_hashes) is list else list(block_hashes)
 
@@ -204,15 +210,18 @@ class PolicyOffloadingManager(OffloadingManager):
             # More than the unpinned ready blocks: no room, known without a
             # scan (a cache full of loads and stores in flight stays O(1)).
             evictable = len(table) - table.pinned - table.in_flight
-            victims = self._policy.evict(n_evict, named) if n_evict <= evictable else None
+            log, policy = self.event_log, self._policy
+            before = dict(policy.evictions) if log is not None else {}
+            victims = policy.evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
                 return None
             evicted, freed = victims
             backend.free_handles(freed)
-            if self.event_log is not None:
-                self.event_log.append("removed", evicted, self._block_size, self._medium)
+            if log is not None:
+                left = _lists_left(before, policy.evictions)
+                log.append("removed", evicted, self._block_size, self._medium, left)
         handles = backend.allocate_handles(to_store)
         self._policy.insert(to_store, handles)
         n = len(to_store)
@@ -294,6 +303,7 @@ class PolicyOffloadingManager(OffloadingManager):
         policy, table = self._policy, self._table
         evictable = len(table) - table.pinned - table.in_flight
         evicted: list[BlockHash] = []
+        before = dict(policy.evictions)
         if evictable:
             victims = policy.evict(evictable, ())
             assert victims is not None
@@ -302,7 +312,8 @@ class PolicyOffloadingManager(OffloadingManager):
         policy.clear_ghosts()
         if self.event_log is not None:
             if evicted:
-                self.event_log.append("removed", evicted, self._block_size, self._medium)
+                left = _lists_left(before, policy.evictions)
+                self.event_log.append("removed", evicted, self._block_size, self._medium, left)
             self.event_log.append("cleared", detail={"evicted": str(len(evicted))})
         return evicted
 
@@ -347,6 +358,7 @@ class PolicyOffloadingManager(OffloadingManager):
             params=MappingProxyType(policy.params()),
             counters=counters,
             events=self.event_log.stats() if self.event_log is not None else None,
+            ghost_list_names=policy.ghost_list_names,
         )
 
 

@@ -61,6 +61,18 @@ class ManagerStats:
     params: Mapping[str, float]
     counters: ManagerCounters
     events: EventLogStats | None
+    #: which of ``lists`` are ghost lists (hashes of evicted blocks, no data)
+    ghost_list_names: frozenset[str] = frozenset()
+
+    @property
+    def resident_lists(self) -> dict[str, int]:
+        """Sizes of the lists holding resident blocks (they sum to ``used``)."""
+        return {k: v for k, v in self.lists.items() if k not in self.ghost_list_names}
+
+    @property
+    def ghost_lists(self) -> dict[str, int]:
+        """Entries of each ghost list (remembered hashes of evicted blocks)."""
+        return {k: v for k, v in self.lists.items() if k in self.ghost_list_names}
 
     @property
     def target_t1_size(self) -> float | None:

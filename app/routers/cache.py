@@ -22,13 +22,14 @@ router = APIRouter(prefix="/v1", tags=["cache"], route_class=GuardedRoute)
     responses=error_responses(401),
 )
 async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
-    # Handlers only read the snapshot the target published: no lock is shared
-    # with the engine loop, and equal snapshots are served from one encoding.
-    snap = service.target.snapshot()
-    body = service.cache_body.get(snap)
+    # Handlers only read the snapshot the target published (no lock is shared
+    # with the engine loop) and the event log's counts; equal views are
+    # served from one encoding.
+    view = service.view()
+    body = service.cache_body.get(view)
     if body is None:
-        body = CacheView.from_snapshot(snap).model_dump_json().encode()
-        service.cache_body.put(snap, body)
+        body = CacheView.from_view(*view).model_dump_json().encode()
+        service.cache_body.put(view, body)
     return Response(body, media_type="application/json")
 
 

@@ -238,10 +238,13 @@ async def _sse(
         cursor = last
     replay_from = last - service.settings.sse_max_replay
     if cursor < replay_from:
-        # Replay is bounded per connection: the rest is told, not sent.
-        gone = min(log.read(cursor, 1).missed, replay_from - cursor)
-        yield _missed_event(replay_from - cursor, cursor, replay_from - cursor - gone).encode()
-        cursor = replay_from
+        # Replay is bounded per connection: the rest is told, not sent. The
+        # read counts the records that are gone as missed, once; the ones
+        # still there are skipped (readable with GET /v1/events).
+        gone = log.read(cursor, 1).missed
+        skip_to = max(replay_from, cursor + gone)
+        yield _missed_event(skip_to - cursor, cursor, skip_to - cursor - gone).encode()
+        cursor = skip_to
     while remaining > 0:
         stopped = service.stopping.is_set() or target.state == "stopped"
         behind = False

@@ -60,9 +60,9 @@ async def metrics(_: ReadAccess, service: ServiceDep) -> Response:
     # MetricsCache for when the last rendering is reused. Run inline:
     # collection holds the GIL either way, a threadpool hop would only add a
     # context switch.
-    snap = service.target.snapshot()
-    body = service.metrics_body.get(snap)
+    view = service.view()
+    body = service.metrics_body.get(view)
     if body is None:
         body = generate_latest(service.registry)
-        service.metrics_body.put(snap, body)
+        service.metrics_body.put(view, body)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

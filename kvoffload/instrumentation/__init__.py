@@ -13,7 +13,8 @@ Typical wiring (the application owns the registry and the providers)::
     engine = Engine(config, observers=[metrics, tracing])
     tracing.watch_event_log(engine.event_log)
     KVOffloadCollector(engine.snapshot, registry=registry,
-                       config_info=config_labels(engine.config))
+                       config_info=config_labels(engine.config),
+                       event_log=engine.event_log)
 """
 
 from __future__ import annotations

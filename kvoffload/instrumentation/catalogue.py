@@ -33,7 +33,7 @@ MetricType = Literal["counter", "gauge", "histogram"]
 MetricSource = Literal["manager", "events", "runtime", "observer", "static"]
 
 #: the only label names a non-info metric may carry
-ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", "name"})
+ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", "name", "command"})
 
 #: transfer directions: "store" = GPU->CPU, "load" = CPU->GPU
 DIRECTIONS = ("store", "load")
@@ -108,10 +108,10 @@ def _g(
 METRICS: tuple[MetricSpec, ...] = (
     # -- manager counters ---------------------------------------------------
     _c("kvoffload_lookups_total", "Lookup calls made against the offloading manager."),
-    _c("kvoffload_lookup_blocks_total", "Blocks named by lookup calls."),
+    _c("kvoffload_lookup_blocks_total", "Offloaded blocks named by lookup calls."),
     _c(
         "kvoffload_lookup_hit_blocks_total",
-        "Blocks found offloaded and ready by lookup calls (the hit prefix).",
+        "Offloaded blocks found ready by lookup calls (the hit prefix).",
     ),
     _c(
         "kvoffload_lookup_tokens_total",
@@ -123,12 +123,16 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _c("kvoffload_load_blocks_total", "Offloaded blocks pinned for loading by prepare_load."),
     _c(
+        "kvoffload_load_completed_blocks_total",
+        "Offloaded blocks unpinned by complete_load (their loads finished, successful or not).",
+    ),
+    _c(
         "kvoffload_store_prepared_blocks_total",
-        "Blocks allocated for storing by prepare_store.",
+        "Offloaded blocks allocated for storing by prepare_store.",
     ),
     _c(
         "kvoffload_store_blocks_total",
-        "Blocks named in stores, by outcome: stored (completed), skipped_present "
+        "Offloaded blocks named in stores, by outcome: stored (completed), skipped_present "
         "(already offloaded), failed (store job failed), rejected_no_room.",
         ("outcome",),
     ),
@@ -138,32 +142,33 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _c(
         "kvoffload_evictions_total",
-        "Offloaded blocks evicted, by the policy list the victim came from.",
+        "Offloaded blocks evicted, by the resident policy list the victim left.",
         ("list",),
     ),
     _c(
         "kvoffload_ghost_hits_total",
-        "Hits on a ghost list (a recently evicted block) by ghost list: touches for arc, re-stores for kvarc.",
+        "Hits on a ghost list (the remembered hash of an evicted offloaded block) by ghost "
+        "list: touches for arc, re-stores for kvarc.",
         ("list",),
     ),
-    _c("kvoffload_touched_blocks_total", "Blocks named by touch calls."),
+    _c("kvoffload_touched_blocks_total", "Offloaded blocks named by touch calls."),
     _c("kvoffload_policy_switches_total", "Live eviction-policy switches applied."),
     # -- manager gauges -----------------------------------------------------
-    _g("kvoffload_capacity_blocks", "Blocks the offload tier can hold.", ("medium",)),
+    _g("kvoffload_capacity_blocks", "Offloaded blocks the offload tier can hold.", ("medium",)),
     _g(
         "kvoffload_used_blocks",
-        "Blocks resident in the offload tier, including stores in flight.",
+        "Offloaded blocks resident in the offload tier, including stores in flight.",
         ("medium",),
     ),
-    _g("kvoffload_free_blocks", "Unallocated blocks in the offload tier.", ("medium",)),
+    _g("kvoffload_free_blocks", "Unallocated offloaded blocks of the offload tier.", ("medium",)),
     _g(
         "kvoffload_pinned_blocks",
-        "Resident blocks pinned by loads in progress (ref_cnt > 0).",
+        "Resident offloaded blocks pinned by loads in progress (ref_cnt > 0).",
         ("medium",),
     ),
     _g(
         "kvoffload_in_flight_blocks",
-        "Blocks whose store is still in flight, not yet readable (ref_cnt = -1).",
+        "Offloaded blocks whose store is still in flight, not yet readable (ref_cnt = -1).",
         ("medium",),
     ),
     MetricSpec(
@@ -179,17 +184,25 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _g(
         "kvoffload_policy_list_blocks",
-        "Entries in each list of the current eviction policy (ghost lists count remembered hashes).",
+        "Offloaded blocks in each resident list of the current eviction policy.",
+        ("policy", "list"),
+    ),
+    _g(
+        "kvoffload_policy_ghost_entries",
+        "Hashes of evicted offloaded blocks remembered in each ghost list of the current "
+        "eviction policy (no data; arc and kvarc keep them).",
         ("policy", "list"),
     ),
     _g(
         "kvoffload_arc_list_blocks",
-        "Entries in the lists t1, t2 (resident) and b1, b2 (ghosts) of the ARC family; present only while arc or kvarc is the policy.",
+        "Sizes of the ARC family's lists: t1 and t2 in resident offloaded blocks, b1 and b2 in "
+        "remembered hashes of evicted ones; present only while arc or kvarc is the policy.",
         ("list",),
     ),
     _g(
         "kvoffload_arc_target_t1_blocks",
-        "The ARC family's adaptive target size of list t1, in blocks; present only while arc or kvarc is the policy.",
+        "The ARC family's adaptive target size of list t1, in offloaded blocks; present only "
+        "while arc or kvarc is the policy.",
     ),
     _g(
         "kvoffload_policy_parameter",
@@ -217,13 +230,20 @@ METRICS: tuple[MetricSpec, ...] = (
     # -- event log ----------------------------------------------------------
     _c("kvoffload_events_appended_total", "Records appended to the event log.", source="events"),
     _c(
-        "kvoffload_events_dropped_total",
-        "Event-log records that fell off the ring before anyone drained them.",
+        "kvoffload_events_overwritten_total",
+        "Event-log records pushed out of the full ring by newer ones before any drain took "
+        "them; normal without a drainer (readers that keep up still read them).",
         source="events",
     ),
     _c(
         "kvoffload_events_drained_total",
         "Event-log records removed by drain calls.",
+        source="events",
+    ),
+    _c(
+        "kvoffload_events_missed_total",
+        "Event-log records readers asked for after their cursor that were already gone "
+        "(overwritten or drained): a consumer is losing records.",
         source="events",
     ),
     _g(
@@ -246,14 +266,14 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _c(
         "kvoffload_runtime_prompt_tokens_total",
-        "Prompt tokens (in full blocks) by where their KV came from: gpu_hit, cpu_hit "
-        "(loaded from the offload tier) or computed.",
+        "Prompt tokens (in full GPU blocks) by where their KV came from: gpu_hit, cpu_hit "
+        "(loaded from the offload tier) or computed (a failed load's included).",
         ("outcome",),
         source="runtime",
     ),
     _c(
         "kvoffload_runtime_verify_failures_total",
-        "Loaded blocks whose bytes differed from what was stored (must stay 0).",
+        "Loaded GPU blocks whose bytes differed from what was stored (must stay 0).",
         source="runtime",
     ),
     _g(
@@ -262,6 +282,22 @@ METRICS: tuple[MetricSpec, ...] = (
         source="runtime",
     ),
     _g("kvoffload_runtime_paused", "1 while the engine is paused, else 0.", source="runtime"),
+    _g(
+        "kvoffload_command_timestamp_seconds",
+        "Unix time the last command of each kind took effect (switch_policy, pause, resume, "
+        "reset); a kind's series appears with its first command.",
+        ("command",),
+        source="runtime",
+    ),
+    MetricSpec(
+        "kvoffload_policy_switch_info",
+        "gauge",
+        "The last policy switch applied (always 1; labels name the policy switched from, "
+        "previous_policy, and to, policy; absent until a switch).",
+        ("previous_policy", "policy"),
+        source="runtime",
+        info=True,
+    ),
     # -- observer-driven ------------------------------------------------------
     _c(
         "kvoffload_transfer_jobs_total",
@@ -270,8 +306,8 @@ METRICS: tuple[MetricSpec, ...] = (
         source="observer",
     ),
     _c(
-        "kvoffload_transfer_blocks_total",
-        "GPU-sized blocks copied by successful transfer jobs, by direction.",
+        "kvoffload_transfer_gpu_blocks_total",
+        "GPU blocks (gpu_block_size tokens each) copied by successful transfer jobs, by direction.",
         ("direction",),
         source="observer",
     ),

@@ -37,7 +37,7 @@ from prometheus_client.utils import floatToGoString
 
 from kvoffload._version import __version__
 from kvoffload.errors import ConfigError
-from kvoffload.event_log import EventLogStats
+from kvoffload.event_log import EventLog, EventLogStats
 from kvoffload.instrumentation.catalogue import (
     DIRECTIONS,
     METRICS,
@@ -131,6 +131,10 @@ class KVOffloadCollector:
         config_info: configuration exposed as labels of
             ``kvoffload_config_info``; see :func:`config_labels`. Keys must be
             valid Prometheus label names, values scalars.
+        event_log: read at each scrape for the ``kvoffload_events_*``
+            metrics (e.g. ``engine.event_log``): drains and reads from other
+            threads change its counts between snapshots. Without it they come
+            from the snapshot.
 
     Counters keyed by list (evictions, ghost hits) keep every list ever seen,
     with its last value, so they stay monotonic across policy switches;
@@ -143,8 +147,10 @@ class KVOffloadCollector:
         *,
         registry: CollectorRegistry | None = None,
         config_info: Mapping[str, ConfigLabelValue] | None = None,
+        event_log: EventLog | None = None,
     ) -> None:
         self._snapshot = snapshot
+        self._event_log = event_log
         self._config = self._check_config(config_info or {})
         self._lock = threading.Lock()
         self._seen_evictions: dict[str, int] = {}
@@ -186,8 +192,9 @@ class KVOffloadCollector:
             version = stats.counters.policy_switches + 1
         yield from self._manager_metrics(stats, version)
         yield from self._static_metrics()
-        if stats.events is not None:
-            yield from self._event_metrics(stats.events)
+        events = self._event_log.stats() if self._event_log is not None else stats.events
+        if events is not None:
+            yield from self._event_metrics(events)
         if isinstance(snap, EngineSnapshot):
             yield from self._runtime_metrics(snap)
 
@@ -202,6 +209,7 @@ class KVOffloadCollector:
         yield _scalar("kvoffload_lookup_tokens_total", c.lookup_blocks * bs)
         yield _scalar("kvoffload_lookup_hit_tokens_total", c.hit_blocks * bs)
         yield _scalar("kvoffload_load_blocks_total", c.load_blocks)
+        yield _scalar("kvoffload_load_completed_blocks_total", c.load_completed_blocks)
         yield _scalar("kvoffload_store_prepared_blocks_total", c.store_prepared_blocks)
         yield _family(
             "kvoffload_store_blocks_total",
@@ -215,11 +223,10 @@ class KVOffloadCollector:
         # Resident lists can be victims, ghost lists can be hit: pre-create
         # both at 0 for the current policy so rate() has a series from the
         # start; remember every list ever seen so counters survive a switch.
-        ghost_lists = set(c.ghost_hits)
+        resident, ghosts = s.resident_lists, s.ghost_lists
         with self._lock:
-            for lst in s.lists:
-                if lst not in ghost_lists:
-                    self._seen_evictions.setdefault(lst, 0)
+            for lst in resident:
+                self._seen_evictions.setdefault(lst, 0)
             self._seen_evictions.update(c.evictions)
             self._seen_ghost_hits.update(c.ghost_hits)
             evictions = sorted(self._seen_evictions.items())
@@ -240,7 +247,12 @@ class KVOffloadCollector:
         yield _family(
             "kvoffload_policy_list_blocks",
             ("policy", "list"),
-            [((policy, k), v) for k, v in s.lists.items()],
+            [((policy, k), v) for k, v in resident.items()],
+        )
+        yield _family(
+            "kvoffload_policy_ghost_entries",
+            ("policy", "list"),
+            [((policy, k), v) for k, v in ghosts.items()],
         )
         yield _family(
             "kvoffload_policy_parameter",
@@ -267,8 +279,9 @@ class KVOffloadCollector:
 
     def _event_metrics(self, ev: EventLogStats) -> Iterator[Metric]:
         yield _scalar("kvoffload_events_appended_total", ev.appended)
-        yield _scalar("kvoffload_events_dropped_total", ev.dropped)
+        yield _scalar("kvoffload_events_overwritten_total", ev.overwritten)
         yield _scalar("kvoffload_events_drained_total", ev.drained)
+        yield _scalar("kvoffload_events_missed_total", ev.missed)
         yield _scalar("kvoffload_events_buffered", ev.buffered)
         yield _scalar("kvoffload_events_capacity", ev.capacity)
         yield _scalar("kvoffload_events_last_seq", ev.last_seq)
@@ -286,6 +299,18 @@ class KVOffloadCollector:
         yield _scalar("kvoffload_runtime_verify_failures_total", r.verify_failures)
         yield _scalar("kvoffload_runtime_up", int(snap.state in _RUNNING_STATES))
         yield _scalar("kvoffload_runtime_paused", int(snap.state == "paused"))
+        commands = snap.commands
+        yield _family(
+            "kvoffload_command_timestamp_seconds",
+            ("command",),
+            [((kind,), result.timestamp) for kind, result in sorted(commands.items())],
+        )
+        switch = commands.get("switch_policy")
+        yield _family(
+            "kvoffload_policy_switch_info",
+            ("previous_policy", "policy"),
+            [] if switch is None else [((switch.detail.get("from", ""), switch.policy), 1)],
+        )
 
 
 class _Histogram:
@@ -378,7 +403,7 @@ class PrometheusObserver(EngineObserver):
             [((d, o), n) for (d, o), n in list(self._jobs.items())],
         )
         yield _family(
-            "kvoffload_transfer_blocks_total",
+            "kvoffload_transfer_gpu_blocks_total",
             ("direction",),
             [((d,), n) for d, n in list(self._blocks.items())],
         )

@@ -8,8 +8,8 @@
 - a ``kvoffload.request`` span per request, with token attribution
   (``gen_ai.usage.*`` and ``kvoffload.request.*`` attributes);
 - log records (not span events) for evictions, applied commands such as
-  policy switches, and dropped event-log records, each carrying the context
-  of the step span in progress so that backends correlate them.
+  policy switches, and event-log records readers missed, each carrying the
+  context of the step span in progress so that backends correlate them.
 
 The caller passes the providers. Without them the observer is inert: it
 never falls back to the global providers, so the library exports nothing
@@ -24,6 +24,7 @@ ratios (see ``docs/observability.md``).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 from opentelemetry import context as otel_context
@@ -77,8 +78,8 @@ class Attr:
     POLICY_PREVIOUS = "kvoffload.policy.previous"
     POLICY_VERSION = "kvoffload.policy.version"
     COMMAND = "kvoffload.command"
-    EVENTS_DROPPED = "kvoffload.events.dropped"
-    EVENTS_DROPPED_TOTAL = "kvoffload.events.dropped_total"
+    EVENTS_MISSED = "kvoffload.events.missed"
+    EVENTS_MISSED_TOTAL = "kvoffload.events.missed_total"
 
 
 class LogEvent:
@@ -87,7 +88,7 @@ class LogEvent:
     EVICTION = "kvoffload.eviction"
     POLICY_SWITCH = "kvoffload.policy_switch"
     COMMAND = "kvoffload.command"
-    EVENTS_DROPPED = "kvoffload.events_dropped"
+    EVENTS_MISSED = "kvoffload.events_missed"
 
 
 #: ``"sampled"``: an eviction log record only inside a recorded step span
@@ -108,11 +109,11 @@ class TracingObserver(EngineObserver):
     Args:
         tracer_provider: where spans go; ``None`` = no spans.
         logger_provider: where log records go; ``None`` = no log records.
-        event_log: the event log to watch for dropped records (e.g.
-            ``engine.event_log``); may also be set later with
+        event_log: the event log whose readers' missed records are reported
+            (e.g. ``engine.event_log``); may also be set later with
             :meth:`watch_event_log`.
         eviction_logs: see :data:`EvictionLogs`.
-        dropped_events_interval_s: at most one "events dropped" record per
+        missed_events_interval_s: at most one "events missed" record per
             interval, carrying the count since the previous one.
 
     Hooks run on the engine thread; the observer keeps no lock.
@@ -125,7 +126,7 @@ class TracingObserver(EngineObserver):
         *,
         event_log: EventLog | None = None,
         eviction_logs: EvictionLogs = "sampled",
-        dropped_events_interval_s: float = 10.0,
+        missed_events_interval_s: float = 10.0,
     ) -> None:
         self._tracing = tracer_provider is not None
         self._logging = logger_provider is not None
@@ -135,10 +136,10 @@ class TracingObserver(EngineObserver):
             logger_provider.get_logger(SCOPE, __version__) if logger_provider is not None else None
         )
         self._eviction_logs: EvictionLogs = eviction_logs
-        self._dropped_interval_ns = int(dropped_events_interval_s * 1e9)
+        self._missed_interval_ns = int(missed_events_interval_s * 1e9)
         self._event_log: EventLog | None = None
-        self._dropped_seen = 0
-        self._dropped_reported_ns = 0
+        self._missed_seen = 0
+        self._missed_reported_ns = 0
         # the step in progress
         self._step_span: Span | None = None
         self._step_ctx: Context | None = None
@@ -153,9 +154,11 @@ class TracingObserver(EngineObserver):
             self.watch_event_log(event_log)
 
     def watch_event_log(self, event_log: EventLog | None) -> None:
-        """Report records that ``event_log`` drops (checked once per step)."""
+        """Report records that readers of ``event_log`` missed (checked once
+        per step): records they asked for that were already overwritten or
+        drained. Records overwritten unread by anyone are no loss to report."""
         self._event_log = event_log
-        self._dropped_seen = event_log.stats().dropped if event_log is not None else 0
+        self._missed_seen = event_log.missed if event_log is not None else 0
 
     def _epoch_ns(self, t_ns: int) -> int:
         return t_ns if t_ns >= _EPOCH_NS_FLOOR else t_ns + self._mono_offset_ns
@@ -186,7 +189,7 @@ class TracingObserver(EngineObserver):
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
         if self._event_log is not None and self._logging:
-            self._check_dropped()
+            self._check_missed()
         span = self._step_span
         if span is None:
             return
@@ -290,17 +293,25 @@ class TracingObserver(EngineObserver):
             )
         )
 
-    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
+    def blocks_evicted(self, step: int, count: int, policy: str, lists: Mapping[str, int]) -> None:
         mode = self._eviction_logs
         if not self._logging or mode == "off":
             return
         if mode == "sampled" and not self._step_recording:
             return
+        attrs: dict[str, AnyValue] = {
+            Attr.STEP: step,
+            Attr.EVICTED_BLOCKS: count,
+            Attr.POLICY: policy,
+        }
+        for name, n in lists.items():
+            attrs[f"{Attr.EVICTED_BLOCKS}.{name}"] = n
+        where = ", ".join(f"{n} from {name}" for name, n in lists.items())
         self._emit(
             LogEvent.EVICTION,
             SeverityNumber.DEBUG,
-            f"evicted {count} offloaded blocks ({policy})",
-            {Attr.STEP: step, Attr.EVICTED_BLOCKS: count, Attr.POLICY: policy},
+            f"evicted {count} offloaded blocks ({policy}: {where})",
+            attrs,
         )
 
     def command_applied(self, result: CommandResult) -> None:
@@ -325,34 +336,32 @@ class TracingObserver(EngineObserver):
             body = f"command {result.kind} applied after step {result.applied_at_step}"
             self._emit(LogEvent.COMMAND, SeverityNumber.INFO, body, attrs)
 
-    def _check_dropped(self) -> None:
+    def _check_missed(self) -> None:
         log = self._event_log
         assert log is not None
-        dropped = log.stats().dropped
-        new = dropped - self._dropped_seen
+        missed = log.missed
+        new = missed - self._missed_seen
         if new <= 0:
             return
         now = time.monotonic_ns()
-        if (
-            self._dropped_reported_ns
-            and now - self._dropped_reported_ns < self._dropped_interval_ns
-        ):
+        if self._missed_reported_ns and now - self._missed_reported_ns < self._missed_interval_ns:
             return  # report the accumulated count at the next allowed time
-        self._dropped_seen = dropped
-        self._dropped_reported_ns = now
+        self._missed_seen = missed
+        self._missed_reported_ns = now
         self._emit(
-            LogEvent.EVENTS_DROPPED,
+            LogEvent.EVENTS_MISSED,
             SeverityNumber.WARN,
-            f"event log dropped {new} records nobody drained (capacity {log.capacity})",
-            {Attr.EVENTS_DROPPED: new, Attr.EVENTS_DROPPED_TOTAL: dropped},
+            f"event-log readers missed {new} records: they fell behind the ring "
+            f"(capacity {log.capacity}) or a drain took them",
+            {Attr.EVENTS_MISSED: new, Attr.EVENTS_MISSED_TOTAL: missed},
         )
 
     def close(self) -> None:
-        """End a step span left open; report pending drops. Providers are the
+        """End a step span left open; report pending misses. Providers are the
         caller's to flush and shut down."""
         if self._event_log is not None and self._logging:
-            self._dropped_reported_ns = 0
-            self._check_dropped()
+            self._missed_reported_ns = 0
+            self._check_missed()
         if self._step_span is not None:
             self._step_span.end()
             self._step_span = None

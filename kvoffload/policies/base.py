@@ -145,6 +145,11 @@ class EvictionPolicy(ABC):
         table = self.table
         return [item for tag in self._resident for item in table.items(tag)]
 
+    @property
+    def ghost_list_names(self) -> frozenset[str]:
+        """The names of the ghost lists among :attr:`lists`."""
+        return frozenset(self._names[t] for t in self._ghost_lists)
+
     def list_sizes(self) -> dict[str, int]:
         """The size of each of :attr:`lists`, by name."""
         size = self.table.size

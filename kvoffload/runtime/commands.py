@@ -51,6 +51,8 @@ class CommandResult:
     policy: str
     policy_version: int
     detail: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: wall-clock time it took effect (seconds since the epoch; 0 if unknown)
+    timestamp: float = 0.0
 
 
 def check_version(expected: int | None, current: int) -> None:

@@ -20,7 +20,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import cast
 
 from kvoffload.backends.cpu import CPUBackend
@@ -32,6 +33,7 @@ from kvoffload.policies import available_policies, policy_class
 from kvoffload.runtime.arrivals import Arrivals, WaitingQueue
 from kvoffload.runtime.commands import (
     Command,
+    CommandKind,
     CommandResult,
     EngineStoppedError,
     check_version,
@@ -143,6 +145,7 @@ class Engine:
         self._queue = WaitingQueue(Arrivals(workload, config.speed), config.max_waiting_requests)
         self._state: EngineState = "created"
         self._policy_version = 1
+        self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stop_requested = False
         self._thread: threading.Thread | None = None
@@ -276,6 +279,7 @@ class Engine:
             except Exception as e:  # delivered to the caller, the loop goes on
                 fut.set_exception(e)
                 continue
+            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a caller woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)
@@ -293,6 +297,9 @@ class Engine:
             detail = {"from": old, "to": m.policy_name}
         elif command.kind == "pause":
             if self._state == "running":
+                # A paused engine is a quiet one: its loads and stores finish
+                # now, so every count it publishes is settled.
+                self._jobs.drain()
                 self._state = "paused"
         elif command.kind == "resume":
             if self._state == "paused":
@@ -308,6 +315,7 @@ class Engine:
             policy=m.policy_name,
             policy_version=self._policy_version,
             detail=detail,
+            timestamp=time.time(),
         )
 
     # -- the loop ----------------------------------------------------------
@@ -377,7 +385,8 @@ class Engine:
         for obs in self.observers:
             self._notify(obs.step_started, step, start)
         scheduler = self._scheduler
-        evictions_before = scheduler.evictions
+        policy = self.manager.policy  # commands, a switch included, come between steps
+        evictions_before = dict(policy.evictions)
         self._jobs.collect()
         for r in batch:
             scheduler.serve(r, step)
@@ -386,10 +395,15 @@ class Engine:
         c.steps = step
         c.last_step_seconds = (end - start) / 1e9
         c.step_seconds_total += c.last_step_seconds
-        evicted = scheduler.evictions - evictions_before
+        evicted = {
+            k: n - evictions_before.get(k, 0)
+            for k, n in policy.evictions.items()
+            if n != evictions_before.get(k, 0)
+        }
         if evicted:
+            count = sum(evicted.values())
             for obs in self.observers:
-                self._notify(obs.blocks_evicted, step, evicted, self.manager.policy_name)
+                self._notify(obs.blocks_evicted, step, count, policy.name, evicted)
         for obs in self.observers:
             self._notify(obs.step_finished, step, start, end, len(batch))
         self._publish()
@@ -414,6 +428,8 @@ class Engine:
             manager=self.manager.stats(),
             runtime=self._c.copy(),
             timestamp=time.time(),
+            gpu_block_size=self.config.gpu_block_size,
+            commands=self._last_commands,
         )
 
     def _publish(self) -> None:

@@ -18,6 +18,13 @@ Threading contract:
   be idle for minutes, and an operator's ``PUT /v1/policy`` must not wait for
   traffic). Every holder of the lock looks at the queue after releasing it,
   so a queued command never waits for a later call.
+- A reset is held back while a lookup's answer is outstanding: after a
+  ``lookup`` that found blocks, until the host's next call has returned. A
+  host acts on that answer in its next call (vLLM's scheduler calls
+  ``prepare_load`` for those blocks right after), and a reset in between
+  would evict what it counted. Policy switches keep every block and are
+  not held (one queued behind a held reset waits for it: commands keep
+  their order).
 - The snapshot is published under the lock after every command (so the next
   read shows it) and at the end of a host call when the last one is older
   than ``snapshot_max_age``; :meth:`snapshot` refreshes it itself, without
@@ -32,9 +39,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TypeVar
 
 from kvoffload.abstract import (
@@ -50,6 +58,7 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import (
     Command,
+    CommandKind,
     CommandResult,
     EngineStoppedError,
     UnsupportedCommandError,
@@ -106,8 +115,11 @@ class HostedManager(OffloadingManager):
         self._lock = threading.Lock()
         self._queue: deque[tuple[Command, Future[CommandResult]]] = deque()
         self._pending = False
+        # the last host call was a lookup that found blocks (see the module doc)
+        self._lookup_outstanding = False
         self._calls = 0
         self._version = 1
+        self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
         self._state: EngineState = "running"
         self._snapshot = self._take_snapshot()
         self._published = time.monotonic()
@@ -115,7 +127,7 @@ class HostedManager(OffloadingManager):
     # -- the protocol, delegated ----------------------------------------------
 
     def lookup(self, block_hashes: Iterable[BlockHash]) -> int:
-        return self._call(self.manager.lookup, block_hashes)
+        return self._call(self._lookup, block_hashes)
 
     def prepare_load(self, block_hashes: Iterable[BlockHash]) -> LoadStoreSpec:
         return self._call(self.manager.prepare_load, block_hashes)
@@ -136,16 +148,16 @@ class HostedManager(OffloadingManager):
         return self._call(self.manager.take_events)
 
     def stats(self) -> ManagerStats:
-        return self._call(self.manager.stats)
+        return self._call(self.manager.stats, query=True)
 
     def get_block(self, block_hash: BlockHash) -> BlockStatus | None:
-        return self._call(self.manager.get_block, block_hash)
+        return self._call(self.manager.get_block, block_hash, query=True)
 
     def __len__(self) -> int:
-        return self._call(self.manager.__len__)
+        return self._call(self.manager.__len__, query=True)
 
     def __contains__(self, block_hash: object) -> bool:
-        return self._call(self.manager.__contains__, block_hash)
+        return self._call(self.manager.__contains__, block_hash, query=True)
 
     @property
     def capacity(self) -> int:
@@ -196,7 +208,8 @@ class HostedManager(OffloadingManager):
         )
 
     def reset(self) -> Future[CommandResult]:
-        """Queue a reset: every resident block not in use is evicted, ghosts forgotten."""
+        """Queue a reset: every resident block not in use is evicted, ghosts
+        forgotten; held back while a lookup's answer is outstanding."""
         return self._submit(Command("reset"))
 
     def pause(self) -> Future[CommandResult]:
@@ -220,20 +233,31 @@ class HostedManager(OffloadingManager):
 
     # -- inside ------------------------------------------------------------
 
-    def _call(self, method: Callable[..., T], *args: object) -> T:
+    def _call(self, method: Callable[..., T], *args: object, query: bool = False) -> T:
+        """``method(*args)`` under the lock; a ``query`` (stats, membership)
+        is not a protocol call, so it leaves a lookup's answer outstanding."""
         lock = self._lock
         lock.acquire()
         try:
             if self._pending:
                 self._apply_queued()
+            if not query:
+                self._lookup_outstanding = False
             return method(*args)
         finally:
             self._calls += 1
+            if self._queue and not self._lookup_outstanding:
+                self._pending = True  # a reset held back until this call returned
             if time.monotonic() - self._published >= self.snapshot_max_age:
                 self._publish()
             lock.release()
             if self._pending:
                 self._apply_if_idle()
+
+    def _lookup(self, block_hashes: Iterable[BlockHash]) -> int:
+        hits = self.manager.lookup(block_hashes)
+        self._lookup_outstanding = hits > 0
+        return hits
 
     def _submit(self, command: Command) -> Future[CommandResult]:
         fut: Future[CommandResult] = Future()
@@ -262,7 +286,10 @@ class HostedManager(OffloadingManager):
             self._fail_queued()
             return
         while self._queue:
-            command, fut = self._queue.popleft()
+            command, fut = self._queue[0]
+            if command.kind == "reset" and self._lookup_outstanding:
+                return  # held: the host's next call re-arms it (see _call)
+            self._queue.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -270,6 +297,7 @@ class HostedManager(OffloadingManager):
             except Exception as e:  # delivered to the submitter
                 fut.set_exception(e)
                 continue
+            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a submitter woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)
@@ -292,6 +320,7 @@ class HostedManager(OffloadingManager):
             policy=m.policy_name,
             policy_version=self._version,
             detail=detail,
+            timestamp=time.time(),
         )
 
     def _fail_queued(self) -> None:
@@ -309,6 +338,7 @@ class HostedManager(OffloadingManager):
             manager=self.manager.stats(),
             runtime=_NO_RUNTIME,
             timestamp=time.time(),
+            commands=self._last_commands,
         )
 
     def _publish(self) -> None:

@@ -124,7 +124,7 @@ class TransferJobs:
             self.manager.complete_store(job.hashes, success=ok)
             kv.unpin(job.gpu_ids)
             if ok:
-                c.stored_blocks += n
+                c.stored_gpu_blocks += n
                 c.stored_bytes += nbytes
         else:
             self.manager.complete_load(job.hashes)
@@ -135,7 +135,7 @@ class TransferJobs:
                     logger.error(
                         "load job %d: %d of %d blocks differ from what was stored", job_id, bad, n
                     )
-                c.loaded_blocks += n
+                c.loaded_gpu_blocks += n
                 c.loaded_bytes += nbytes
                 c.cpu_hit_tokens += n * kv.block_size
             else:

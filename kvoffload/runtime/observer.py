@@ -8,6 +8,7 @@ logs and drops an observer's exception rather than stopping).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -68,8 +69,9 @@ class EngineObserver:
     def request_finished(self, record: RequestRecord) -> None:
         """A request's prompt has been served."""
 
-    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
-        """``count`` offloaded blocks were evicted during ``step``."""
+    def blocks_evicted(self, step: int, count: int, policy: str, lists: Mapping[str, int]) -> None:
+        """``count`` offloaded blocks were evicted during ``step``, by ``policy``:
+        ``lists`` says how many left each of its resident lists."""
 
     def command_applied(self, result: CommandResult) -> None:
         """A queued command took effect."""

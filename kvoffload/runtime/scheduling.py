@@ -50,8 +50,6 @@ class RequestScheduler:
         self.counters = counters
         self.trace_block_size = trace_block_size
         self.on_finished = on_finished
-        #: offloaded blocks evicted by the stores of the requests served so far
-        self.evictions = 0
 
     def serve(self, r: Request, step: int) -> None:
         """Schedule ``r``'s blocks."""
@@ -119,24 +117,22 @@ class RequestScheduler:
         store_from = max(first_off + cpu_hits, g // k)
         out = m.prepare_store(offloaded[store_from:]) if store_from < len(offloaded) else None
         all_ids = hit_ids + load_ids + comp_ids
-        if out is not None:
-            self.evictions += len(out.block_hashes_evicted)
-            if out.block_hashes_to_store:
-                pos = {h: j for j, h in enumerate(offloaded)}
-                ids: list[int] = []
-                sub_hashes: list[BlockHash] = []
-                for h in out.block_hashes_to_store:
-                    j = pos[h]
-                    ids.extend(all_ids[j * k : (j + 1) * k])
-                    sub_hashes.extend(gpu_hashes[j * k : (j + 1) * k])
-                kv.pin(ids)  # the store job reads them until it finishes
-                self.jobs.submit(
-                    "store",
-                    (GPULoadStoreSpec(ids), out.store_spec),
-                    list(out.block_hashes_to_store),
-                    ids,
-                    sub_hashes,
-                )
+        if out is not None and out.block_hashes_to_store:
+            pos = {h: j for j, h in enumerate(offloaded)}
+            ids: list[int] = []
+            sub_hashes: list[BlockHash] = []
+            for h in out.block_hashes_to_store:
+                j = pos[h]
+                ids.extend(all_ids[j * k : (j + 1) * k])
+                sub_hashes.extend(gpu_hashes[j * k : (j + 1) * k])
+            kv.pin(ids)  # the store job reads them until it finishes
+            self.jobs.submit(
+                "store",
+                (GPULoadStoreSpec(ids), out.store_spec),
+                list(out.block_hashes_to_store),
+                ids,
+                sub_hashes,
+            )
         kv.unpin(hit_ids)
         kv.unpin(comp_ids)
         c = self.counters

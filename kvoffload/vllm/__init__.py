@@ -11,6 +11,7 @@ vLLM's ``OffloadingConnector`` loads :class:`KVOffloadSpec` from here with::
             "num_cpu_blocks": 4096,
             "block_size": 64,            # optional, a multiple of vLLM's
             "eviction_policy": "kvarc",  # optional, default "lru"
+            "admin_port": 8001,          # optional: kvoffload's admin API
         },
     )
 
@@ -22,9 +23,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.vllm.config import EXTRA_CONFIG_KEYS, offloading_config
+from kvoffload.vllm.config import EXTRA_CONFIG_KEYS, admin_port, offloading_config
 from kvoffload.vllm.handler import ReportingHandler
-from kvoffload.vllm.live import add_transfer_listener, live_handlers, live_managers
+from kvoffload.vllm.live import (
+    add_transfer_listener,
+    live_admin_servers,
+    live_handlers,
+    live_managers,
+)
 
 if TYPE_CHECKING:
     from kvoffload.vllm.spec import KVOffloadSpec
@@ -34,6 +40,8 @@ __all__ = [
     "KVOffloadSpec",
     "ReportingHandler",
     "add_transfer_listener",
+    "admin_port",
+    "live_admin_servers",
     "live_handlers",
     "live_managers",
     "offloading_config",

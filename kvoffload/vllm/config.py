@@ -25,7 +25,11 @@ EXTRA_CONFIG_KEYS = (
     "num_cpu_blocks",
     "block_size",
     "eviction_policy",
+    "admin_port",
 )
+
+#: the ports ``admin_port`` may name (0: any free port)
+MAX_PORT = 65535
 
 
 def offloading_config(
@@ -37,7 +41,8 @@ def offloading_config(
     :class:`~kvoffload.errors.ConfigError` listing every problem: unknown
     keys (with the valid ones), ``num_cpu_blocks`` missing or not a positive
     integer, ``block_size`` not a positive multiple of ``gpu_block_size``, an
-    unknown ``eviction_policy`` (with the registered ones).
+    unknown ``eviction_policy`` (with the registered ones), an ``admin_port``
+    that is not an integer from 0 to 65535 (read it with :func:`admin_port`).
     """
     problems: list[str] = []
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
@@ -78,6 +83,11 @@ def offloading_config(
             f"{', '.join(available_policies())})"
         )
 
+    try:
+        admin_port(extra)
+    except ConfigError as exc:
+        problems.append(str(exc))
+
     if problems:
         raise ConfigError(
             f"kv_connector_extra_config for {SPEC_MODULE_PATH}.{SPEC_NAME}: " + "; ".join(problems)
@@ -91,3 +101,17 @@ def offloading_config(
         spec_name=SPEC_NAME,
         spec_module_path=SPEC_MODULE_PATH,
     )
+
+
+def admin_port(extra: Mapping[str, Any]) -> int | None:
+    """The extra config's ``admin_port``: ``None`` when absent (no admin
+    server), 0 for any free port. Raises :class:`~kvoffload.errors.ConfigError`
+    when it is not an integer from 0 to 65535."""
+    if "admin_port" not in extra:
+        return None
+    port = extra["admin_port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+        raise ConfigError(
+            f"admin_port must be an integer from 0 to {MAX_PORT} (0: any free port), got {port!r}"
+        )
+    return port

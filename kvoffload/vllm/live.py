@@ -4,13 +4,14 @@ vLLM creates one spec for the scheduler side (it asks for the manager) and
 one for each worker (they ask for the handlers); with vLLM's in-process
 executor both live in the engine-core process. This registry is how the two
 sides, and a test or an embedding host, find each other there: the managers
-vLLM drives, the handlers its workers copy with, and the listeners every
-finished transfer job is reported to (as a
-:class:`~kvoffload.runtime.observer.TransferRecord`). A worker in another
-process has its own registry: listeners added here never hear of its jobs.
+vLLM drives, the handlers its workers copy with, the admin servers
+(``admin_port``), and the listeners every finished transfer job is reported
+to (as a :class:`~kvoffload.runtime.observer.TransferRecord`). A worker in
+another process has its own registry: listeners added here never hear of its
+jobs.
 
-Managers and handlers are held weakly, so an engine that is gone leaves
-nothing behind.
+Managers, handlers and servers are held weakly, so an engine that is gone
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.runtime.observer import TransferRecord
 
 if TYPE_CHECKING:
+    from app.embedded import AdminServer
+    from kvoffload.runtime.hosted import HostedManager
     from kvoffload.vllm.handler import ReportingHandler
 
 logger = logging.getLogger(__name__)
@@ -33,8 +36,10 @@ TransferListener = Callable[[TransferRecord], None]
 _T = TypeVar("_T")
 
 _lock = threading.Lock()
-_managers: list[weakref.ref[PolicyOffloadingManager]] = []
-_handlers: list[weakref.ref[ReportingHandler]] = []
+_managers: list[weakref.ref[PolicyOffloadingManager | HostedManager]] = []
+# (handler, id of the vLLM config its spec was built from)
+_handlers: list[tuple[weakref.ref[ReportingHandler], int]] = []
+_servers: list[weakref.ref[AdminServer]] = []
 _listeners: tuple[TransferListener, ...] = ()
 
 
@@ -43,26 +48,48 @@ def _alive(refs: list[weakref.ref[_T]]) -> list[_T]:
     return [obj for ref in refs if (obj := ref()) is not None]
 
 
-def add_manager(manager: PolicyOffloadingManager) -> None:
+def add_manager(manager: PolicyOffloadingManager | HostedManager) -> None:
     with _lock:
         _managers.append(weakref.ref(manager))
 
 
-def add_handler(handler: ReportingHandler) -> None:
+def add_handler(handler: ReportingHandler, vllm_config: object = None) -> None:
+    """``vllm_config``: the config of the handler's engine; vLLM hands one
+    object to the engine core and the workers it runs in its process."""
     with _lock:
-        _handlers.append(weakref.ref(handler))
+        _handlers.append((weakref.ref(handler), id(vllm_config)))
 
 
-def live_managers() -> list[PolicyOffloadingManager]:
-    """Scheduler-side managers of the engines alive in this process, oldest first."""
+def add_admin_server(server: AdminServer) -> None:
+    with _lock:
+        _servers.append(weakref.ref(server))
+
+
+def live_managers() -> list[PolicyOffloadingManager | HostedManager]:
+    """The managers vLLM's schedulers in this process drive, oldest first:
+    with ``admin_port`` the :class:`~kvoffload.vllm.admin.VLLMHostedManager`
+    around the manager, else the manager itself."""
     with _lock:
         return _alive(_managers)
 
 
-def live_handlers() -> list[ReportingHandler]:
-    """Worker-side handlers alive in this process, oldest first."""
+def live_admin_servers() -> list[AdminServer]:
+    """The admin servers (``admin_port``) running in this process, oldest
+    first; ``.url`` and ``.port`` say where each listens."""
     with _lock:
-        return _alive(_handlers)
+        return [server for server in _alive(_servers) if server.running]
+
+
+def live_handlers(vllm_config: object = None) -> list[ReportingHandler]:
+    """Worker-side handlers alive in this process, oldest first; with
+    ``vllm_config``, only those of that engine."""
+    with _lock:
+        _handlers[:] = [(ref, owner) for ref, owner in _handlers if ref() is not None]
+        return [
+            h
+            for ref, owner in _handlers
+            if (h := ref()) is not None and (vllm_config is None or owner == id(vllm_config))
+        ]
 
 
 def add_transfer_listener(listener: TransferListener) -> Callable[[], None]:

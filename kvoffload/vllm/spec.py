@@ -20,11 +20,13 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.spec import CPUOffloadingSpec
 from kvoffload.vllm import live
-from kvoffload.vllm.config import offloading_config
+from kvoffload.vllm.config import admin_port, offloading_config
 from kvoffload.vllm.handler import ReportingHandler
 
 if TYPE_CHECKING:
     import torch
+
+    from kvoffload.vllm.admin import VLLMHostedManager
 
 __all__ = ["KVOffloadSpec"]
 
@@ -52,7 +54,8 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
     :class:`~kvoffload.transfer.CpuGpuOffloadingHandler` for both
     directions: CUDA streams when vLLM's KV cache is on CUDA, synchronous
     copies when it is in CPU memory (vLLM's CPU platform). Both register in
-    :mod:`kvoffload.vllm.live`.
+    :mod:`kvoffload.vllm.live`. With ``admin_port`` the manager is served by
+    kvoffload's admin server (:mod:`kvoffload.vllm.admin`).
 
     Raises :class:`~kvoffload.errors.ConfigError` on a bad extra config
     (see :func:`~kvoffload.vllm.config.offloading_config`).
@@ -63,23 +66,39 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
         if ktc is None:
             raise ConfigError("KVOffloadSpec needs vllm_config.kv_transfer_config")
         events = vllm_config.kv_events_config
+        extra = ktc.kv_connector_extra_config or {}
+        #: whether vLLM asked for KV events (its connector then publishes ours)
+        self.vllm_events = bool(events is not None and events.enable_kv_cache_events)
         #: kvoffload's typed view of the extra config, checked before vLLM's
         #: base class asserts on it
         self.offloading_config = offloading_config(
-            ktc.kv_connector_extra_config or {},
-            vllm_config.cache_config.block_size,
-            enable_events=bool(events is not None and events.enable_kv_cache_events),
+            extra, vllm_config.cache_config.block_size, enable_events=self.vllm_events
         )
+        self.admin_port = admin_port(extra)
         super().__init__(vllm_config)
         self.kvoffload_spec = CPUOffloadingSpec(self.offloading_config)
-        self._manager: PolicyOffloadingManager | None = None
+        self._manager: PolicyOffloadingManager | VLLMHostedManager | None = None
         self._handler: ReportingHandler | None = None
 
-    def get_manager(self) -> PolicyOffloadingManager:
-        """The scheduler side's manager, built once."""
+    def get_manager(self) -> PolicyOffloadingManager | VLLMHostedManager:
+        """The scheduler side's manager, built once; with ``admin_port``
+        wrapped and served by the admin server, which must start (else a
+        :class:`~kvoffload.errors.ConfigError` names the port)."""
         if self._manager is None:
-            self._manager = self.kvoffload_spec.get_manager()
-            live.add_manager(self._manager)
+            manager: PolicyOffloadingManager | VLLMHostedManager
+            manager = self.kvoffload_spec.get_manager()
+            if self.admin_port is not None:
+                # the web stack, only for an engine that asks for it
+                from kvoffload.vllm.admin import serve_admin
+
+                manager = serve_admin(
+                    manager,
+                    self.admin_port,
+                    vllm_events=self.vllm_events,
+                    workers=live.live_handlers(self.vllm_config),
+                )
+            live.add_manager(manager)
+            self._manager = manager
         return self._manager
 
     def get_handlers(
@@ -92,6 +111,6 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
             backends = attention_backends(self.vllm_config, list(kv_caches))
             inner = self.kvoffload_spec.get_handler(kv_caches, backends)
             self._handler = ReportingHandler(inner)
-            live.add_handler(self._handler)
+            live.add_handler(self._handler, self.vllm_config)
         yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler
         yield CPULoadStoreSpec, GPULoadStoreSpec, self._handler

@@ -39,7 +39,7 @@ READ_HEADERS = {"Authorization": f"Bearer {READ}"}
 
 #: a tiny engine: few CPU blocks (evictions from the first steps), tiny tensors
 SMALL: dict[str, Any] = {
-    "capacity": 32,
+    "num_cpu_blocks": 32,
     "gpu_blocks": 64,
     "num_layers": 1,
     "num_kv_heads": 1,

@@ -26,7 +26,7 @@ READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 
 #: a small engine on CPU tensors: quick to start, same code paths
 SMALL_ENGINE_FLAGS = (
-    "--capacity",
+    "--num-cpu-blocks",
     "64",
     "--gpu-blocks",
     "64",

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def pause(client: TestClient) -> None:
@@ -24,6 +25,16 @@ def wait_for_events(client: TestClient, n: int) -> None:
     while last_seq(client) < n:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def event_metrics(text: str) -> dict[str, float]:
+    """The kvoffload_events_* samples of a /metrics answer."""
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("kvoffload_events_")
+    }
 
 
 def parse_sse(lines: list[str]) -> list[dict[str, Any]]:
@@ -87,7 +98,7 @@ def test_event_records_are_typed(client: TestClient) -> None:
 
 
 def test_cursor_that_fell_off_the_ring_reports_missed(make_client: ClientFactory) -> None:
-    client = make_client(event_ring_size=16)
+    client = make_client(event_log_capacity=16)
     wait_for_events(client, 100)
     pause(client)
     top = last_seq(client)
@@ -101,8 +112,9 @@ def test_cursor_that_fell_off_the_ring_reports_missed(make_client: ClientFactory
         f"/v1/events?after_seq={page['next_after_seq']}", headers=READ_HEADERS
     ).json()
     assert follow["missed"] == 0
-    cache = client.get("/v1/cache", headers=READ_HEADERS).json()
-    assert cache["events"]["dropped"] >= page["missed"]
+    events = client.get("/v1/cache", headers=READ_HEADERS).json()["events"]
+    assert events["overwritten"] == page["missed"]  # nothing drained: all overwritten
+    assert events["missed"] == 0  # a read from the start is no consumer losing records
 
 
 def test_drain_removes_and_returns_oldest(client: TestClient) -> None:
@@ -120,6 +132,38 @@ def test_drain_removes_and_returns_oldest(client: TestClient) -> None:
     assert everything["remaining"] == 0
     empty = client.post("/v1/events:drain", headers=ADMIN_HEADERS, json={}).json()
     assert empty == {"events": [], "remaining": 0}
+
+
+def test_drain_and_misses_show_at_once_while_paused(make_client: ClientFactory) -> None:
+    # issue 18, defect 1: /metrics and /v1/cache read the event log's counts
+    # from the engine's snapshot (published after steps and commands only)
+    # and reused their renderings while it was the same snapshot, so after a
+    # drain both said drained 0 for as long as the engine stayed paused
+    client = make_client(event_log_capacity=64)
+    wait_for_events(client, 100)
+    pause(client)
+    before = client.get("/v1/cache", headers=READ_HEADERS).json()["events"]
+    client.get("/metrics", headers=READ_HEADERS)  # rendered, so that a stale one could be reused
+    drained = client.post("/v1/events:drain", headers=ADMIN_HEADERS, json={"limit": 40}).json()
+    assert len(drained["events"]) == 40
+    page = client.get("/v1/events?after_seq=1&limit=1", headers=READ_HEADERS).json()
+    assert page["missed"] > 0
+    events = client.get("/v1/cache", headers=READ_HEADERS).json()["events"]
+    assert events["drained"] == before["drained"] + 40
+    assert events["buffered"] == drained["remaining"] == before["buffered"] - 40
+    assert events["missed"] == page["missed"]
+    assert events["appended"] == events["overwritten"] + events["drained"] + events["buffered"]
+    exposed = event_metrics(client.get("/metrics", headers=READ_HEADERS).text)
+    assert exposed["kvoffload_events_drained_total"] == events["drained"]
+    assert exposed["kvoffload_events_buffered"] == events["buffered"]
+    assert exposed["kvoffload_events_overwritten_total"] == events["overwritten"]
+    assert exposed["kvoffload_events_appended_total"] == events["appended"]
+    # a reader's miss is a counter: /metrics shows it within its 0.1 s reuse bound
+    deadline = time.monotonic() + 5
+    while exposed["kvoffload_events_missed_total"] != events["missed"]:
+        assert time.monotonic() < deadline, exposed
+        time.sleep(0.05)
+        exposed = event_metrics(client.get("/metrics", headers=READ_HEADERS).text)
 
 
 def test_drain_limit_is_bounded(client: TestClient) -> None:
@@ -155,7 +199,7 @@ def test_stream_ids_are_seqs_and_resume_with_last_event_id(client: TestClient) -
 
 
 def test_stream_reports_missed_records(make_client: ClientFactory) -> None:
-    client = make_client(event_ring_size=16)
+    client = make_client(event_log_capacity=16)
     wait_for_events(client, 50)
     pause(client)
     top = last_seq(client)

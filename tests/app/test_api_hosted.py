@@ -103,6 +103,34 @@ def test_a_command_to_an_idle_host_is_applied_at_once(
     assert httpx.get(f"{server.url}/v1/cache", headers=READ_HEADERS).json()["policy"] == "kvarc"
 
 
+def test_a_drain_shows_at_once_in_every_view_of_a_hosted_manager() -> None:
+    # issue 18, defect 1: the event log's counts came from the published
+    # snapshot, which a hosted manager refreshes only now and then (here: on
+    # commands only), and both renderings were reused while it was the same
+    manager = PolicyOffloadingManager(
+        CPUBackend(block_size=16, num_blocks=8), policy="lru", enable_events=True
+    )
+    target = HostedManager(manager, snapshot_max_age=3600.0)
+    for i in range(12):
+        out = target.prepare_store([BlockHash(b"%d" % i)])
+        assert out is not None
+        target.complete_store(out.block_hashes_to_store)
+    server = start_admin_server(target, small_settings(port=0))
+    try:
+        with httpx.Client(base_url=server.url, headers=ADMIN_HEADERS, timeout=10.0) as http:
+            appended = http.get("/v1/cache").json()["events"]["appended"]
+            assert http.get("/metrics").status_code == 200
+            drained = http.post("/v1/events:drain", json={"limit": 5}).json()
+            events = http.get("/v1/cache").json()["events"]
+            assert (events["appended"], events["drained"]) == (appended, 5)
+            assert events["buffered"] == drained["remaining"] == appended - 5
+            metrics = http.get("/metrics").text
+            assert "kvoffload_events_drained_total 5.0" in metrics
+            assert f"kvoffload_events_buffered {appended - 5}.0" in metrics
+    finally:
+        server.stop()
+
+
 def test_the_host_feeds_transfer_records_to_the_servers_observer(
     hosted: tuple[HostedManager, AdminServer],
 ) -> None:

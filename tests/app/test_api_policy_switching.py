@@ -25,16 +25,17 @@ def check_invariants(view: dict[str, Any]) -> None:
     assert 0 <= b["pinned"] <= b["used"]
     assert 0 <= b["in_flight"] <= b["used"]
     lists = view["lists"]
+    ghost_lists = view["ghost_lists"]
     arc = view["arc"]
     if view["policy"] in GHOST_BOUND:
         assert lists["t1"] + lists["t2"] == b["used"]
         ghosts = GHOST_BOUND[view["policy"]] * b["capacity"]
-        assert lists["b1"] <= ghosts and lists["b2"] <= ghosts
+        assert ghost_lists["b1"] <= ghosts and ghost_lists["b2"] <= ghosts
         assert arc is not None
-        assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == lists
+        assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == {**lists, **ghost_lists}
         assert 0 <= arc["target_t1_size"] <= b["capacity"]
     else:
-        assert lists == {"lru": b["used"]}
+        assert lists == {"lru": b["used"]} and ghost_lists == {}
         assert arc is None
     rt = view["runtime"]
     assert rt["verify_failures"] == 0
@@ -78,10 +79,10 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
         # a small GPU cache sends the reuse to the CPU tier
         gpu_block_size=512,
         offloaded_block_size=512,
-        capacity=512,
+        num_cpu_blocks=512,
         gpu_blocks=32,
         max_requests_per_step=2,
-        event_ring_size=2_000_000,
+        event_log_capacity=2_000_000,
     )
     view = client.get("/v1/cache", headers=READ_HEADERS).json()
     assert view["workload"].startswith("Mooncake trace")
@@ -115,7 +116,7 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
     assert view["counters"]["policy_switches"] == SWITCHES
     assert view["policy"] == POLICIES[(SWITCHES - 1) % len(POLICIES)]
     rt = view["runtime"]
-    assert rt["steps"] > 0 and rt["loaded_blocks"] > 0, "the replay must have loaded blocks"
+    assert rt["steps"] > 0 and rt["loaded_gpu_blocks"] > 0, "the replay must have loaded blocks"
     assert view["counters"]["evictions"], "the cache must have been under pressure"
 
     # No block lost: replaying the event log gives exactly the resident, ready blocks.

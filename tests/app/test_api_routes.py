@@ -51,6 +51,10 @@ def test_cache_view_is_one_consistent_snapshot(client: TestClient) -> None:
     assert view["state"] == "running"
     assert view["arc"] is None
     assert view["lists"] == {"lru": blocks["used"]}
+    assert view["ghost_lists"] == {}
+    # block counts name their unit: offloaded blocks, and the runtime's GPU blocks
+    assert (view["block_size"], view["gpu_block_size"]) == (64, 16)
+    assert "loaded_gpu_blocks" in view["runtime"]
     assert 0.0 <= view["hit_ratio"] <= 1.0
     assert view["workload"].startswith("synthetic")
     assert view["runtime"]["verify_failures"] == 0
@@ -67,8 +71,10 @@ def test_cache_view_shows_arc_lists_and_target(make_client: ClientFactory, polic
     arc = view["arc"]
     assert arc is not None
     assert set(arc) == {"t1", "t2", "b1", "b2", "target_t1_size"}
-    assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == view["lists"]
-    assert arc["t1"] + arc["t2"] == view["blocks"]["used"]  # in-flight blocks are listed too
+    # resident lists apart from ghost lists (hashes of evicted blocks, no data)
+    assert {k: arc[k] for k in ("t1", "t2")} == view["lists"]
+    assert {k: arc[k] for k in ("b1", "b2")} == view["ghost_lists"]
+    assert sum(view["lists"].values()) == view["blocks"]["used"]  # stores in flight included
     assert 0 <= arc["target_t1_size"] <= view["blocks"]["capacity"]
 
 

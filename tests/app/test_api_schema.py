@@ -44,3 +44,37 @@ def test_api_conforms_to_its_schema(case: Any) -> None:
         if service is not None and service.target.state == "paused":
             service.target.resume().result(10)
     case.call_and_validate(headers=ADMIN_HEADERS, timeout=5)
+
+
+def test_every_block_count_of_the_cache_view_says_which_block_it_counts() -> None:
+    # issue 18: the manager's (offloaded) and the runtime's (GPU) block counts
+    # stood side by side in /v1/cache with no unit
+    from pydantic import BaseModel
+
+    from app.models import CacheView
+
+    def fields(model: type[BaseModel], where: str) -> list[tuple[str, str]]:
+        found = []
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            nested = [
+                t
+                for t in (annotation, *getattr(annotation, "__args__", ()))
+                if isinstance(t, type) and issubclass(t, BaseModel)
+            ]
+            for t in nested:
+                found += fields(t, f"{where}.{name}")
+            if not nested:
+                found.append((f"{where}.{name}", info.description or ""))
+        return found
+
+    described = fields(CacheView, "cache")
+    about_blocks = [
+        (n, d.lower()) for n, d in described if "block" in n.rsplit(".", 1)[1] or "block" in d
+    ]
+    assert len(about_blocks) > 20
+    for name, text in about_blocks:
+        if name.endswith("block_size"):
+            assert "tokens per" in text, name
+        else:
+            assert "offloaded block" in text or "gpu block" in text, name

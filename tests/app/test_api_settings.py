@@ -11,12 +11,13 @@ from pydantic import ValidationError
 from app.engine_setup import engine_config, load_workload
 from app.flags import ENV_ONLY, build_parser, env_name, flag_name, parse_settings
 from app.main import run
-from app.settings import Settings
+from app.settings import RENAMED, Settings
 from kvoffload.policies import available_policies
 from kvoffload.runtime import EngineConfig
 from kvoffload.runtime.workloads import LoopedWorkload
 
-TRACE = str(Path(__file__).resolve().parents[2] / "data/traces/mooncake_conversation_trace.jsonl")
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = str(ROOT / "data/traces/mooncake_conversation_trace.jsonl")
 
 
 def test_defaults() -> None:
@@ -44,10 +45,16 @@ def test_env_names_operators_script_against(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("KVOFFLOAD_POLICY", "ARC")
     monkeypatch.setenv("KVOFFLOAD_ADMIN_TOKEN", "a")
     monkeypatch.setenv("KVOFFLOAD_READ_TOKEN", "r")
-    monkeypatch.setenv("KVOFFLOAD_CAPACITY", "128")
+    monkeypatch.setenv("KVOFFLOAD_NUM_CPU_BLOCKS", "128")
     monkeypatch.setenv("KVOFFLOAD_LOOP", "false")
     s = Settings()
-    assert (s.host, s.port, s.policy, s.capacity, s.loop) == ("0.0.0.0", 9100, "arc", 128, False)
+    assert (s.host, s.port, s.policy, s.num_cpu_blocks, s.loop) == (
+        "0.0.0.0",
+        9100,
+        "arc",
+        128,
+        False,
+    )
     assert s.admin_token is not None and s.admin_token.get_secret_value() == "a"
     assert s.read_token is not None and s.read_token.get_secret_value() == "r"
 
@@ -55,17 +62,20 @@ def test_env_names_operators_script_against(monkeypatch: pytest.MonkeyPatch) -> 
 def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVOFFLOAD_PORT", "9100")
     monkeypatch.setenv("KVOFFLOAD_POLICY", "arc")
-    s = parse_settings(["--port", "9200", "--no-loop", "--speed", "2.5", "--capacity", "64"])
+    s = parse_settings(["--port", "9200", "--no-loop", "--speed", "2.5", "--num-cpu-blocks", "64"])
     assert s.port == 9200
     assert s.policy == "arc"  # from the environment
     assert s.loop is False
     assert s.speed == 2.5
-    assert s.capacity == 64
+    assert s.num_cpu_blocks == 64
 
 
 def test_help_lists_every_flag_with_its_env_var() -> None:
     text = build_parser().format_help()
     for name in Settings.model_fields:
+        if name in RENAMED:
+            assert flag_name(name) not in text, name
+            continue
         assert env_name(name) in text, name
         if name not in ENV_ONLY:
             assert flag_name(name) in text, name
@@ -80,7 +90,7 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
         (["--policy", "fifo"], f"valid policies: {', '.join(available_policies())}"),
         (["--speed", "-1"], "--speed / KVOFFLOAD_SPEED"),
         (["--host", "0.0.0.0"], "without an admin token"),
-        (["--capacity", "0"], "--capacity / KVOFFLOAD_CAPACITY"),
+        (["--num-cpu-blocks", "0"], "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS"),
     ],
 )
 def test_bad_settings_exit_2_with_a_clear_line(
@@ -112,6 +122,60 @@ def test_bad_inputs_fail_before_serving(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "line"),
+    [
+        (
+            ["--capacity", "64"],
+            {},
+            "--capacity / KVOFFLOAD_CAPACITY: renamed: use --num-cpu-blocks / "
+            "KVOFFLOAD_NUM_CPU_BLOCKS",
+        ),
+        (
+            [],
+            {"KVOFFLOAD_CAPACITY": "64"},
+            "--capacity / KVOFFLOAD_CAPACITY: renamed: use --num-cpu-blocks / "
+            "KVOFFLOAD_NUM_CPU_BLOCKS",
+        ),
+        (
+            [],
+            {"KVOFFLOAD_EVENT_RING_SIZE": "500"},
+            "--event-ring-size / KVOFFLOAD_EVENT_RING_SIZE: renamed: use --event-log-capacity / "
+            "KVOFFLOAD_EVENT_LOG_CAPACITY",
+        ),
+        (
+            ["--event-ring-size=oops"],
+            {},
+            "--event-ring-size / KVOFFLOAD_EVENT_RING_SIZE: renamed: use --event-log-capacity / "
+            "KVOFFLOAD_EVENT_LOG_CAPACITY",
+        ),
+    ],
+)
+def test_a_renamed_setting_fails_naming_its_new_name(
+    argv: list[str],
+    env: dict[str, str],
+    line: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # issue 17: the service said capacity and event_ring_size where the
+    # library and vLLM say num_cpu_blocks and event_log_capacity; an old name
+    # must not be silently ignored
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert run([*argv, "--port", "1"]) == 2
+    assert capsys.readouterr().err == f"kvoffload serve: error: {line}\n"
+    with pytest.raises(ValidationError, match="renamed: use --num-cpu-blocks"):
+        Settings(capacity=32)  # type: ignore[call-arg]
+
+
+def test_settings_are_named_as_the_engine_config_names_them() -> None:
+    engine = {f.name for f in dataclasses.fields(EngineConfig)}
+    for old, new in RENAMED.items():
+        assert new in Settings.model_fields and new in engine, new
+        assert old not in engine
+
+
 def test_unknown_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         run(["--colour", "blue"])
@@ -136,3 +200,52 @@ def test_trace_workload_is_loaded_and_looped() -> None:
 def test_speed_zero_means_as_fast_as_possible() -> None:
     assert engine_config(Settings(speed=0)).speed is None
     assert engine_config(Settings(speed=3.0)).speed == 3.0
+
+
+def _doc_rows(path: Path, heading: str) -> list[list[str]]:
+    """The cells of the first table under ``heading`` (backticks stripped)."""
+    text = path.read_text(encoding="utf-8")
+    section = text[text.index(heading) :]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("|---"):
+            continue
+        if line.startswith("|"):
+            rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+        elif rows:
+            break
+    return rows[1:]  # the header row
+
+
+def _is_default(field: str, documented: str) -> bool:
+    default = Settings.model_fields[field].default
+    if default is None:
+        return documented == "unset"
+    if isinstance(default, bool):
+        return documented == str(default).lower()
+    if isinstance(default, int | float):
+        return float(documented) == default
+    return documented == str(default)
+
+
+def test_docs_settings_table_lists_every_setting_with_its_flag_and_default() -> None:
+    rows = _doc_rows(ROOT / "docs" / "api.md", "## Settings")
+    documented = {row[0]: row for row in rows}
+    current = {name for name in Settings.model_fields if name not in RENAMED}
+    assert set(documented) == {env_name(name) for name in current}
+    for name in current:
+        _, flag, default, _ = documented[env_name(name)]
+        if name in ENV_ONLY:
+            assert flag == "—", name
+        else:
+            assert flag.split(" / ")[0].strip("`") == flag_name(name), name
+        assert _is_default(name, default), (name, default)
+
+
+def test_readme_configuration_names_only_current_settings() -> None:
+    rows = _doc_rows(ROOT / "README.md", "## Configuration")
+    variables = {v.strip("` ") for row in rows for v in row[0].split("/")}
+    known = {env_name(name) for name in Settings.model_fields if name not in RENAMED}
+    assert variables - {"OTEL_EXPORTER_OTLP_ENDPOINT"} <= known
+    flags = {f.strip("` ") for row in rows for f in row[1].split("/")} - {"—"}
+    assert flags <= {flag_name(name) for name in Settings.model_fields if name not in RENAMED}

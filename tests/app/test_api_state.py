@@ -6,6 +6,7 @@ import dataclasses
 import time
 
 from app.state import MetricsCache, SnapshotCache
+from kvoffload.event_log import EventLog
 from kvoffload.runtime import EngineSnapshot
 from kvoffload.runtime.snapshot import RuntimeStats
 from kvoffload.stats import ManagerCounters, ManagerStats
@@ -17,23 +18,44 @@ def snapshot(step: int = 1, version: int = 1, state: str = "running") -> EngineS
     return EngineSnapshot(state, step, version, "w", manager, RuntimeStats(), time.time())  # type: ignore[arg-type]
 
 
-def test_snapshot_cache_serves_only_the_same_snapshot() -> None:
+def test_snapshot_cache_serves_only_the_same_view() -> None:
     cache = SnapshotCache()
     a = snapshot(1)
-    assert cache.get(a) is None
-    cache.put(a, b"a")
-    assert cache.get(a) == b"a"
-    assert cache.get(dataclasses.replace(a)) is None  # equal, but a later publication
+    assert cache.get((a, None)) is None
+    cache.put((a, None), b"a")
+    assert cache.get((a, None)) == b"a"
+    assert cache.get((dataclasses.replace(a), None)) is None  # equal, but a later publication
+
+
+def test_caches_show_a_drain_of_the_same_snapshot_at_once() -> None:
+    # issue 18, defect 1: both caches reused a rendering while the snapshot
+    # was the same object, so a drain while paused never showed
+    log = EventLog(capacity=8)
+    for _ in range(5):
+        log.append("cleared")
+    a = snapshot(1, state="paused")
+    before = (a, log.stats())
+    cache, metrics = SnapshotCache(), MetricsCache(max_age=60.0)
+    cache.put(before, b"a")
+    metrics.put(before, b"a")
+    assert cache.get((a, log.stats())) == b"a" and metrics.get((a, log.stats())) == b"a"
+    log.drain(limit=2)
+    after = (a, log.stats())
+    assert cache.get(after) is None
+    assert metrics.get(after) is None
+    metrics.put(after, b"b")
+    log.read(after_seq=1)  # a reader's miss is a counter: shown within max_age
+    assert metrics.get((a, log.stats())) == b"b"
 
 
 def test_metrics_cache_bounds_age_and_shows_discrete_changes_at_once() -> None:
     cache = MetricsCache(max_age=60.0)
     a = snapshot(1)
-    cache.put(a, b"a")
-    assert cache.get(snapshot(2)) == b"a"  # counters moved on, young enough
-    assert cache.get(snapshot(2, version=2)) is None  # policy switched
-    assert cache.get(snapshot(2, state="paused")) is None  # paused
+    cache.put((a, None), b"a")
+    assert cache.get((snapshot(2), None)) == b"a"  # counters moved on, young enough
+    assert cache.get((snapshot(2, version=2), None)) is None  # policy switched
+    assert cache.get((snapshot(2, state="paused"), None)) is None  # paused
     old = MetricsCache(max_age=0.0)
-    old.put(a, b"a")
-    assert old.get(a) == b"a"
-    assert old.get(snapshot(2)) is None
+    old.put((a, None), b"a")
+    assert old.get((a, None)) == b"a"
+    assert old.get((snapshot(2), None)) is None

@@ -469,3 +469,16 @@ def test_table_bulk_queries_agree_with_get(manager: PolicyOffloadingManager) -> 
     assert table.absent(iter(hashes)) == bhs(5, 9) and table.absent([]) == []
     assert table.tags(hashes) == [table.tag_of(h) for h in hashes]
     assert table.lookup(bhs(1, 2, 3, 4)) == 3  # 4's store is in flight
+
+
+def test_manager_stats_tell_resident_lists_from_ghost_lists(
+    manager: PolicyOffloadingManager,
+) -> None:
+    # fill past capacity so ghost lists (where a policy has them) hold entries
+    store(manager, *range(CAPACITY))
+    store(manager, *range(CAPACITY, CAPACITY + 4))
+    s = manager.stats()
+    assert sum(s.resident_lists.values()) == s.used
+    assert set(s.resident_lists) | set(s.ghost_lists) == set(s.lists)
+    assert not set(s.resident_lists) & set(s.ghost_lists)
+    assert set(s.ghost_lists) == set(s.counters.ghost_hits)

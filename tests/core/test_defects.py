@@ -125,12 +125,12 @@ def test_defect6_repeated_hash_in_one_prepare_store_takes_one_slot(
     assert (s.used, s.free) == (0, CAPACITY)
 
 
-def test_defect9_undrained_events_are_bounded_and_drops_counted(
+def test_defect9_undrained_events_are_bounded_and_overwrites_counted(
     backend: CPUBackend, policy: str
 ) -> None:
     """vLLM appends every event to a plain list that only ``take_events``
     empties: with no consumer it grows without bound (memory leak in long
-    runs). The log must stay at its capacity and count what it dropped."""
+    runs). The log must stay at its capacity and count what it overwrote."""
     m = PolicyOffloadingManager(backend, policy=policy, enable_events=True, event_log_capacity=16)
     for i in range(200):
         store(m, i)
@@ -138,7 +138,7 @@ def test_defect9_undrained_events_are_bounded_and_drops_counted(
     assert events is not None
     assert events.buffered == len(m.event_log or ()) == 16
     assert events.appended == events.last_seq > 200  # stores and evictions
-    assert events.dropped == events.appended - 16
+    assert events.overwritten == events.appended - 16
     drained = m.take_events()
     assert len(drained) == 16
     assert drained[-1].block_hashes == bhs(199)

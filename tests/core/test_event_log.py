@@ -48,13 +48,13 @@ def test_event_log_record_is_immutable_and_converts_to_vllm_event() -> None:
         cleared.detail["evicted"] = "1"  # type: ignore[index]
 
 
-def test_event_log_ring_is_bounded_and_counts_drops() -> None:
+def test_event_log_ring_is_bounded_and_counts_overwrites() -> None:
     log = EventLog(capacity=3)
     _fill(log, 5)
     assert len(log) == 3
     assert _seqs(log) == [3, 4, 5]
     s = log.stats()
-    assert (s.appended, s.dropped, s.drained, s.buffered, s.capacity, s.last_seq) == (
+    assert (s.appended, s.overwritten, s.drained, s.buffered, s.capacity, s.last_seq) == (
         5,
         2,
         0,
@@ -64,11 +64,46 @@ def test_event_log_ring_is_bounded_and_counts_drops() -> None:
     )
     assert [r.seq for r in log.drain(limit=1)] == [3]
     s = log.stats()
-    assert (s.appended, s.dropped, s.drained, s.buffered) == (5, 2, 1, 2)
-    assert s.dropped == s.appended - s.drained - s.buffered
+    assert (s.appended, s.overwritten, s.drained, s.buffered) == (5, 2, 1, 2)
+    assert s.overwritten == s.appended - s.drained - s.buffered
     _fill(log, 4)
     s = log.stats()
-    assert (s.appended, s.dropped, s.drained, s.buffered) == (9, 5, 1, 3)
+    assert (s.appended, s.overwritten, s.drained, s.buffered) == (9, 5, 1, 3)
+    assert s.missed == 0  # nobody read: nobody missed anything
+
+
+def test_event_log_overwrites_are_not_misses_for_a_reader_that_keeps_up() -> None:
+    # issue 18: the old "dropped" count grew with every record that left the
+    # ring undrained, even when a reader had read them all
+    log = EventLog(capacity=4)
+    cursor, seen = 0, []
+    for _ in range(10):
+        _fill(log, 3)
+        page = log.read(cursor)
+        assert page.missed == 0
+        seen += [r.seq for r in page.records]
+        cursor = page.next_after_seq
+    s = log.stats()
+    assert seen == list(range(1, 31))
+    assert (s.overwritten, s.missed) == (26, 0)
+
+
+def test_event_log_counts_what_readers_missed() -> None:
+    log = EventLog(capacity=3)
+    _fill(log, 2)
+    assert log.read(0).missed == 0
+    _fill(log, 5)  # seq 1..7, the ring holds 5..7
+    assert log.read(2).missed == 2  # 3 and 4 are gone
+    assert log.read(4).missed == 0
+    assert log.stats().missed == log.missed == 2
+    # a read from the start claims no position: told, not counted
+    assert log.read(0).missed == 4
+    assert log.missed == 2
+    # drained records are gone for a reader too
+    log.drain(limit=2)
+    assert log.read(4).missed == 2  # 5 and 6
+    s = log.stats()
+    assert (s.missed, s.drained, s.overwritten, s.buffered, s.appended) == (4, 2, 4, 1, 7)
 
 
 def test_event_log_read_after_cursor() -> None:
@@ -206,6 +241,25 @@ def test_event_log_concurrent_writer_reader_drainer_lose_and_duplicate_nothing()
     assert drained == sorted(drained)
     assert not set(drained) & set(remaining)
     assert set(drained) | set(remaining) <= set(range(1, n + 1))
-    assert len(drained) + len(remaining) + stats.dropped == n
+    assert len(drained) + len(remaining) + stats.overwritten == n
     assert stats.buffered == len(remaining) <= capacity
     assert read_pages[0] > 0
+
+
+def test_removed_records_say_which_lists_the_victims_left() -> None:
+    # issue 18: removed events did not say which list the victims left
+    from kvoffload import CPUBackend, PolicyOffloadingManager
+
+    m = PolicyOffloadingManager(CPUBackend(16, 4), policy="arc", enable_events=True)
+    for ids in ((1, 2, 3, 4), (5, 6)):
+        out = m.prepare_store(bhs(*ids))
+        assert out is not None
+        m.complete_store(out.block_hashes_to_store)
+        m.touch(bhs(1, 2))  # promoted to T2: the next eviction takes T1's blocks
+    assert m.event_log is not None
+    removed = [r for r in m.event_log.read().records if r.kind == "removed"]
+    assert [dict(r.detail) for r in removed] == [{"t1": "2"}]
+    m.clear()
+    last = [r for r in m.event_log.read().records if r.kind == "removed"][-1]
+    assert dict(last.detail) == {"t1": "2", "t2": "2"}
+    assert len(last.block_hashes) == 4

@@ -2,9 +2,11 @@
 
 :func:`running_stack` starts the service on a free loopback port under LRU, starts
 Prometheus (the ``prometheus`` binary) on another with a temporary TSDB, waits for a
-few scrapes, switches the service to ARC and then to kvarc through the admin API (so
-that policy switches exist and the ARC panels must show kvarc, the other policy of the
-ARC family) and waits for a few scrapes after each.
+few scrapes, and then through the admin API switches the service to ARC and to kvarc,
+pauses, resumes and resets it, and switches it to LRU and back to kvarc (so that every
+kind of command is marked, and the ARC panels must show kvarc, the other policy of the
+ARC family), waiting for a few scrapes after each. :attr:`LiveStack.commands` says
+what was sent and when.
 """
 
 from __future__ import annotations
@@ -34,12 +36,28 @@ JOB = "kvoffload-dashboard-test"
 
 
 @dataclass(frozen=True, slots=True)
+class Sent:
+    """A command sent to the service: what, and the wall-clock times (Unix seconds)
+    just before the request and just after its answer."""
+
+    kind: str
+    before: float
+    after: float
+    #: for a policy switch: the policies it switched from and to
+    previous_policy: str = ""
+    policy: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class LiveStack:
     service_url: str
     prometheus_url: str
     job: str
     #: host:port, as Prometheus labels the target
     instance: str
+    #: Unix seconds when the service was ready, before any command
+    started: float
+    commands: tuple[Sent, ...]
 
     def variables(self) -> dict[str, str]:
         """Dashboard variables selecting this service, as Grafana would send them."""
@@ -49,6 +67,14 @@ class LiveStack:
     def query(self, expr: str) -> dict[str, Any]:
         """Evaluate ``expr`` now through Prometheus's HTTP API; return the whole answer."""
         return get_json(f"{self.prometheus_url}/api/v1/query", {"query": expr})
+
+    def scrapes_since(self, since: float) -> int:
+        """Scrapes of the service Prometheus stored since ``since`` (Unix seconds, to the
+        second below)."""
+        window = max(1, int(time.time() - since))
+        answer = self.query(f'count_over_time(kvoffload_build_info{{job="{self.job}"}}[{window}s])')
+        result = answer["data"]["result"] if answer["status"] == "success" else []
+        return min((int(float(r["value"][1])) for r in result), default=0)
 
     def samples(self, selector: str) -> int:
         """Fewest samples any series of ``selector`` has over the last minute (0 if none)."""
@@ -134,7 +160,7 @@ def _start_service(workdir: Path) -> _Process:
         "KVOFFLOAD_ADMIN_TOKEN": ADMIN_TOKEN,
         "KVOFFLOAD_POLICY": "lru",
         # a small tier fills within seconds, so that evictions and ghost hits happen
-        "KVOFFLOAD_CAPACITY": "96",
+        "KVOFFLOAD_NUM_CPU_BLOCKS": "96",
         "KVOFFLOAD_DEVICE": "cpu",
         "KVOFFLOAD_SPEED": "0",  # full speed: every panel has data within seconds
     }
@@ -169,15 +195,41 @@ def _start_prometheus(workdir: Path, target: str) -> _Process:
     return _Process("prometheus", url, argv, workdir / "prometheus.log")
 
 
-def switch_policy(service_url: str, policy: str) -> None:
+def send(service_url: str, kind: str, policy: str = "") -> Sent:
+    """Send one admin command (``switch_policy`` to ``policy``, ``pause``, ``resume``,
+    ``reset``) and say when."""
+    method, path, body = {
+        "switch_policy": ("PUT", "/v1/policy", {"policy": policy}),
+        "pause": ("POST", "/v1/runtime:pause", None),
+        "resume": ("POST", "/v1/runtime:resume", None),
+        "reset": ("POST", "/v1/cache:reset", {"confirm": True}),
+    }[kind]
     request = urllib.request.Request(
-        f"{service_url}/v1/policy",
-        data=json.dumps({"policy": policy}).encode(),
-        method="PUT",
+        f"{service_url}{path}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method=method,
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"},
     )
+    before = time.time()
     with urllib.request.urlopen(request, timeout=15) as response:
         assert response.status == 200, response.read()
+        answer = json.load(response)
+    after = time.time()
+    if kind == "switch_policy":
+        return Sent(kind, before, after, answer["previous_policy"], answer["policy"])
+    return Sent(kind, before, after)
+
+
+#: what the stack sends, in order, with the scrapes to wait for after each
+SCRIPT: tuple[tuple[str, str, int], ...] = (
+    ("switch_policy", "arc", 4),
+    ("switch_policy", "kvarc", 4),
+    ("pause", "", 3),
+    ("resume", "", 3),
+    ("reset", "", 3),
+    ("switch_policy", "lru", 3),
+    ("switch_policy", "kvarc", 4),
+)
 
 
 @contextmanager
@@ -206,7 +258,8 @@ def running_stack(workdir: Path) -> Iterator[LiveStack]:
         if not prometheus.alive():
             pytest.fail(f"Prometheus did not start\n{prometheus.describe()}", pytrace=False)
 
-        stack = LiveStack(service.url, prometheus.url, JOB, instance)
+        started = time.time()
+        stack = LiveStack(service.url, prometheus.url, JOB, instance, started, ())
         scope = f'{{job="{JOB}"}}'
 
         def why() -> str:
@@ -219,13 +272,14 @@ def running_stack(workdir: Path) -> Iterator[LiveStack]:
             45,
             why,
         )
-        for policy in ("arc", "kvarc"):
-            switch_policy(stack.service_url, policy)
-            current = f'kvoffload_policy_info{{job="{JOB}", policy="{policy}"}}'
+        sent = []
+        for kind, policy, scrapes in SCRIPT:
+            sent.append(send(stack.service_url, kind, policy))
+            after = sent[-1].after
             _wait_for(
-                f"4 scrapes under {policy}",
-                lambda current=current: stack.samples(current) >= 4,
+                f"{scrapes} scrapes after {kind} {policy}",
+                lambda after=after, scrapes=scrapes: stack.scrapes_since(after) >= scrapes,
                 45,
                 why,
             )
-        yield stack
+        yield LiveStack(service.url, prometheus.url, JOB, instance, started, tuple(sent))

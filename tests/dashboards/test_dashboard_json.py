@@ -175,17 +175,37 @@ def test_queries_use_the_datasource_variable(dashboards: dict[str, dict[str, Any
 
 def test_overview_shows_what_operators_need(dashboards: dict[str, dict[str, Any]]) -> None:
     board = dashboards["kvoffload-overview.json"]
+    panels = {panel["title"]: panel for panel in iter_panels(board)}
     exprs = {
-        panel["title"]: " ".join(t["expr"] for t in panel.get("targets", []))
-        for panel in iter_panels(board)
+        title: " ".join(t["expr"] for t in panel.get("targets", []))
+        for title, panel in panels.items()
     }
     stats = [p["title"] for p in iter_panels(board) if p["type"] == "stat"]
-    assert {"Hit ratio", "Tier used", "Policy", "Events dropped"} <= set(stats)
-    assert "rate(kvoffload_lookup_hit_blocks_total" in exprs["Hit ratio"]
+    # "What is my hit ratio": one headline from counters, the CPU tier's share beside it
+    assert stats[:2] == ["Prompt tokens reused", "From the CPU tier"]
+    reused = exprs["Prompt tokens reused"]
+    for outcome in ("gpu_hit", "cpu_hit"):
+        assert f'kvoffload_runtime_prompt_tokens_total{{{SCOPE}, outcome="{outcome}"}}' in reused
+    assert 'outcome="computed"' not in reused and "increase(" in reused
+    assert 'outcome="cpu_hit"' in exprs["From the CPU tier"]
+    # "Why did it change": markers per switch (from and to) and per command, the count
+    annotations = {a["name"]: a for a in board["annotations"]["list"]}
+    switches = annotations["Policy switches"]
+    assert "kvoffload_policy_switch_info" in switches["expr"]
+    assert "{{previous_policy}} -> {{policy}}" in switches["textFormat"]
+    commands = annotations["Pause, resume, reset"]
+    assert 'command=~"pause|resume|reset"' in commands["expr"]
+    for marker in (switches, commands):
+        assert marker["useValueForTime"] is True and marker["expr"].startswith("1000 * ")
+    assert "kvoffload_policy_switches_total" in exprs["Policy switches"]
+    # "What is the cache doing": resident lists apart from ghosts, free blocks, parameters
+    assert "kvoffload_policy_list_blocks" in exprs["Resident blocks by list"]
+    assert "ghost" not in exprs["Resident blocks by list"]
+    assert "kvoffload_policy_ghost_entries" in exprs["Ghost lists"]
+    assert "kvoffload_free_blocks" in exprs["Blocks by state"]
+    assert "kvoffload_policy_parameter" in exprs["Policy parameters"]
+    assert "Events missed" in stats
     assert "histogram_quantile" in exprs["Transfer latency"]
     assert "histogram_quantile" in exprs["Engine step time"]
-    assert "kvoffload_arc_target_t1_blocks" in exprs["ARC lists and target"]
     assert "kvoffload_ghost_hits_total" in exprs["Ghost hits"]
     assert "kvoffload_events_buffered" in exprs["Event backlog"]
-    annotations = board["annotations"]["list"]
-    assert any("kvoffload_policy_version" in a.get("expr", "") for a in annotations)

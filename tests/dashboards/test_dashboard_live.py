@@ -1,21 +1,23 @@
 """Every dashboard query, evaluated by a real Prometheus scraping a live ``kvoffload serve``.
 
-The service starts under LRU and is switched to ARC, then kvarc (see ``live_stack``),
-so that the policy-switch annotation has data and the ARC panels must have kvarc's.
+The service starts under LRU and is switched, paused, resumed and reset (see
+``live_stack``), so that the annotations have data and the ARC panels must have kvarc's.
 A query passes when Prometheus accepts it and returns at least one series: the point
-is that it is valid and that the metrics it reads exist (rare events such as drops
-are exported at 0).
+is that it is valid and that the metrics it reads exist (rare events such as missed
+events are exported at 0). The annotations must mark each command exactly once.
 """
 
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 from dashboard_queries import DEPLOY_DIR, METRIC_NAME, PanelQuery, substitute
-from live_stack import LiveStack, get_json
+from live_stack import LiveStack, Sent, get_json
 from prometheus_client.parser import text_string_to_metric_families
 
 _LABEL_VALUES = re.compile(r"label_values\((?P<selector>.+),\s*(?P<label>\w+)\)")
@@ -83,3 +85,90 @@ def test_alert_rules_evaluate(live_stack: LiveStack) -> None:
         for rule in group["rules"]:
             answer = live_stack.query(rule["expr"])
             assert answer["status"] == "success", (rule["alert"], answer)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Marker:
+    time_ms: int
+    end_ms: int
+    title: str
+    text: str
+
+
+def _render(template: str, labels: dict[str, str]) -> str:
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), template)
+
+
+def grafana_markers(
+    annotation: dict[str, Any], series: list[dict[str, Any]], step_ms: int
+) -> list[Marker]:
+    """The annotation events Grafana's Prometheus data source makes of a range query's
+    series: each point with a value > 0 is an event at the point's time, or, with
+    ``useValueForTime``, at the time its value names (milliseconds); a series' events
+    at most one step apart merge into one, spanning from the first to the last."""
+    markers = []
+    for one in series:
+        labels = one["metric"]
+        if annotation.get("useValueForTime"):
+            times = [int(float(value)) for _, value in one["values"]]
+        else:
+            times = [int(float(t) * 1000) for t, value in one["values"] if float(value) > 0]
+        open_marker: list[int] = []
+        for t in times:
+            if open_marker and open_marker[1] + step_ms >= t:
+                open_marker[1] = t
+                continue
+            if open_marker:
+                markers.append((open_marker[0], open_marker[1], labels))
+            open_marker = [t, t]
+        if open_marker:
+            markers.append((open_marker[0], open_marker[1], labels))
+    return sorted(
+        Marker(
+            start,
+            end,
+            _render(annotation.get("titleFormat", ""), labels),
+            _render(annotation.get("textFormat", ""), labels),
+        )
+        for start, end, labels in markers
+    )
+
+
+def test_annotations_mark_each_command_once_when_it_took_effect(
+    live_stack: LiveStack, dashboards: dict[str, dict[str, Any]]
+) -> None:
+    # issue 18: the switch marker (changes(kvoffload_policy_version[1m]) > 0) lasted a
+    # minute and named only the new policy; pauses, resumes and resets had none. A
+    # step of 1 s (the stack's scrape interval) is the hard case: every step sees it.
+    board = dashboards["kvoffload-overview.json"]
+    annotations = {a["name"]: a for a in board["annotations"]["list"]}
+    variables = live_stack.variables()
+
+    def markers(name: str) -> list[Marker]:
+        annotation = annotations[name]
+        expr = substitute(annotation["expr"], variables)
+        window = {"start": str(live_stack.started - 5), "end": str(time.time()), "step": "1"}
+        answer = get_json(
+            f"{live_stack.prometheus_url}/api/v1/query_range", {"query": expr, **window}
+        )
+        assert answer["status"] == "success", (name, answer)
+        return grafana_markers(annotation, answer["data"]["result"], step_ms=1000)
+
+    def at_the_time(marker: Marker, sent: Sent) -> bool:
+        # a point, within the request that caused it (the value is floored to a ms)
+        at = marker.time_ms
+        return marker.end_ms == at and int(sent.before * 1000) <= at <= sent.after * 1000
+
+    switches = [c for c in live_stack.commands if c.kind == "switch_policy"]
+    found = markers("Policy switches")
+    assert len(found) == len(switches) == 4, found
+    for marker, sent in zip(found, switches, strict=True):
+        assert at_the_time(marker, sent), (marker, sent)
+        assert marker.title == "Policy switch"
+        expected = f"{live_stack.instance}: {sent.previous_policy} -> {sent.policy}"
+        assert marker.text == expected, marker
+    others = [c for c in live_stack.commands if c.kind != "switch_policy"]
+    found = markers("Pause, resume, reset")
+    assert [m.title for m in found] == [c.kind for c in others] == ["pause", "resume", "reset"]
+    for marker, sent in zip(found, others, strict=True):
+        assert at_the_time(marker, sent), (marker, sent)

@@ -8,117 +8,20 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-    ExportLogsServiceRequest,
-    ExportLogsServiceResponse,
-)
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from app.telemetry import DEFAULT_SAMPLING_RATIO, Telemetry, setup_telemetry
 from kvoffload.runtime.commands import CommandResult
 
+from .otlp_receiver import Receiver, attrs, running_receiver
 from .test_tracing import _one_step
-
-
-@dataclass
-class Receiver:
-    """A minimal OTLP/HTTP receiver on 127.0.0.1 that decodes what it gets."""
-
-    url: str
-    traces: list[ExportTraceServiceRequest] = field(default_factory=list)
-    logs: list[ExportLogsServiceRequest] = field(default_factory=list)
-    metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
-    #: while cleared, requests wait (up to 10 s) before being answered
-    open: threading.Event = field(default_factory=threading.Event)
-    first_request: threading.Event = field(default_factory=threading.Event)
-
-    def spans(self) -> list[Any]:
-        return [
-            span
-            for req in self.traces
-            for rs in req.resource_spans
-            for ss in rs.scope_spans
-            for span in ss.spans
-        ]
-
-    def log_records(self) -> list[Any]:
-        return [
-            rec
-            for req in self.logs
-            for rl in req.resource_logs
-            for sl in rl.scope_logs
-            for rec in sl.log_records
-        ]
-
-
-def _value(v: AnyValue) -> object:
-    kind = v.WhichOneof("value")
-    return getattr(v, kind) if kind else None
-
-
-def _attrs(kvs: Any) -> dict[str, object]:
-    return {kv.key: _value(kv.value) for kv in kvs if isinstance(kv, KeyValue)}
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    state: dict[str, Receiver] = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            rec = state["r"]
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            rec.first_request.set()
-            rec.open.wait(10)
-            rec.paths.append(self.path)
-            if self.path == "/v1/traces":
-                rec.traces.append(ExportTraceServiceRequest.FromString(body))
-                reply = ExportTraceServiceResponse().SerializeToString()
-            elif self.path == "/v1/logs":
-                rec.logs.append(ExportLogsServiceRequest.FromString(body))
-                reply = ExportLogsServiceResponse().SerializeToString()
-            elif self.path == "/v1/metrics":
-                rec.metrics.append(ExportMetricsServiceRequest.FromString(body))
-                reply = ExportMetricsServiceResponse().SerializeToString()
-            else:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    host, port = server.server_address[:2]
-    r = Receiver(url=f"http://{host!s}:{port}")
-    r.open.set()
-    state["r"] = r
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield r
-    r.open.set()
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with running_receiver() as r:
+        yield r
 
 
 @pytest.fixture
@@ -162,13 +65,13 @@ def test_telemetry_exports_spans_and_logs_over_otlp_http(
         "kvoffload.transfer",
     ]
     (step,) = [s for s in spans if s.name == "kvoffload.step"]
-    assert _attrs(step.attributes) == {"kvoffload.step": 1, "kvoffload.step.requests": 1}
+    assert attrs(step.attributes) == {"kvoffload.step": 1, "kvoffload.step.requests": 1}
     transfers = {
-        _attrs(s.attributes)["kvoffload.transfer.direction"]: s
+        attrs(s.attributes)["kvoffload.transfer.direction"]: s
         for s in spans
         if s.name == "kvoffload.transfer"
     }
-    assert _attrs(transfers["store"].attributes) == {
+    assert attrs(transfers["store"].attributes) == {
         "kvoffload.transfer.job_id": 7,
         "kvoffload.transfer.direction": "store",
         "kvoffload.transfer.blocks": 4,
@@ -178,9 +81,9 @@ def test_telemetry_exports_spans_and_logs_over_otlp_http(
     assert transfers["store"].parent_span_id == step.span_id
     assert transfers["store"].trace_id == step.trace_id
     (req,) = [s for s in spans if s.name == "kvoffload.request"]
-    assert _attrs(req.attributes)["gen_ai.usage.cache_read.input_tokens"] == 192
+    assert attrs(req.attributes)["gen_ai.usage.cache_read.input_tokens"] == 192
 
-    resource = _attrs(receiver.traces[0].resource_spans[0].resource.attributes)
+    resource = attrs(receiver.traces[0].resource_spans[0].resource.attributes)
     assert resource["service.name"] == "kvoffload-e2e"
     assert resource["service.version"] == "9.9.9"
     assert len(str(resource["service.instance.id"])) == 36
@@ -190,8 +93,8 @@ def test_telemetry_exports_spans_and_logs_over_otlp_http(
     assert set(by_event) == {"kvoffload.eviction", "kvoffload.policy_switch"}
     eviction = by_event["kvoffload.eviction"]
     assert eviction.trace_id == step.trace_id and eviction.span_id == step.span_id
-    assert _attrs(eviction.attributes)["kvoffload.eviction.blocks"] == 5
-    assert _attrs(by_event["kvoffload.policy_switch"].attributes)["kvoffload.policy"] == "arc"
+    assert attrs(eviction.attributes)["kvoffload.eviction.blocks"] == 5
+    assert attrs(by_event["kvoffload.policy_switch"].attributes)["kvoffload.policy"] == "arc"
 
 
 def test_telemetry_signal_endpoint_and_exporter_none(
@@ -235,6 +138,50 @@ def test_telemetry_default_resource_and_sampler(
     assert "0.25" in c.tracer_provider.sampler.get_description()
     assert c.resource.attributes["service.name"] == "from-attrs"
     assert c.resource.attributes["deployment.environment"] == "t"
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "steps_sampled"),
+    [
+        (None, None, None),  # the default, 1%
+        ("parentbased_traceidratio", "0.01", None),  # the default written out (issue 18)
+        ("traceidratio", "0", 0),
+        ("parentbased_always_off", None, 0),
+        ("always_off", None, 0),
+        ("always_on", None, 200),
+    ],
+)
+def test_admin_spans_are_sampled_whatever_sampler_is_configured(
+    receiver: Receiver,
+    clean_env: pytest.MonkeyPatch,
+    telemetry_teardown: list[Telemetry],
+    sampler: str | None,
+    arg: str | None,
+    steps_sampled: int | None,
+) -> None:
+    # issue 18, defect 5: with OTEL_TRACES_SAMPLER set, the SDK's sampler was
+    # taken as it was and admin spans were sampled at its ratio (11 of 1001)
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    if sampler is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.tracer_provider is not None
+    admin = telemetry.tracer_provider.get_tracer("kvoffload.admin")
+    engine = telemetry.tracer_provider.get_tracer("kvoffload")
+    for _ in range(200):
+        with admin.start_as_current_span("kvoffload.admin.switch_policy"):
+            pass
+        engine.start_span("kvoffload.step").end()
+    telemetry.shutdown()
+    names = [s.name for s in receiver.spans()]
+    assert names.count("kvoffload.admin.switch_policy") == 200
+    if steps_sampled is not None:  # the configured sampler still decides the rest
+        assert names.count("kvoffload.step") == steps_sampled
+    else:
+        assert names.count("kvoffload.step") < 50
 
 
 def test_telemetry_slow_collector_does_not_block_the_engine_thread(
@@ -337,20 +284,10 @@ def test_telemetry_exports_the_metric_catalogue_over_otlp_http(
     telemetry.shutdown()  # the periodic reader exports once more on shutdown
 
     assert "/v1/metrics" in receiver.paths
-    metrics = {
-        m.name: m
-        for req in receiver.metrics
-        for rm in req.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-    }
-    stored = {
-        _attrs(p.attributes)["outcome"]: p.as_int or p.as_double
-        for p in metrics["kvoffload_store_blocks"].sum.data_points
-    }
+    _, points = receiver.metric_exports()[-1]
+    stored = {labels["outcome"]: value for labels, value in points["kvoffload_store_blocks"]}
     assert stored["stored"] == 5
-    (used,) = metrics["kvoffload_used_blocks"].gauge.data_points
-    assert (used.as_int or used.as_double) == 5
+    assert points["kvoffload_used_blocks"] == [({"medium": "CPU"}, 5)]
 
 
 def test_metrics_export_can_be_turned_off(

@@ -68,6 +68,15 @@ def test_docs_list_every_metric() -> None:
         assert f"`{m.name}`" in text, f"docs/observability.md does not list {m.name}"
 
 
+def test_every_block_count_says_which_block_it_counts() -> None:
+    # issue 18: "blocks" meant 16-token GPU blocks in the transfer and runtime
+    # figures and 64-token offloaded blocks in the manager's, with no unit
+    for m in METRICS:
+        if "blocks" in m.name:
+            text = m.help.lower()
+            assert "offloaded block" in text or "gpu block" in text, m.name
+
+
 def test_docs_table_is_the_generated_one() -> None:
     # Regenerate with: python -c "from kvoffload.instrumentation import
     # render_markdown_table as r; print(r(), end='')"

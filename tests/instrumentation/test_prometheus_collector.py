@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 
 import prometheus_client
@@ -141,7 +142,17 @@ def test_collector_arc_list_gauges_equal_the_manager_lists(
     lists = m.stats().lists
     for name in ("t1", "t2", "b1", "b2"):
         assert v("kvoffload_arc_list_blocks", list=name) == lists[name]
-        assert v("kvoffload_policy_list_blocks", policy=policy, list=name) == lists[name]
+    # resident lists in blocks, ghost lists (hashes of evicted blocks) apart:
+    # stacked together they showed more blocks than the tier holds (issue 18)
+    blocks, ghosts = "kvoffload_policy_list_blocks", "kvoffload_policy_ghost_entries"
+    for names, metric, other in ((("t1", "t2"), blocks, ghosts), (("b1", "b2"), ghosts, blocks)):
+        for name in names:
+            assert v(metric, policy=policy, list=name) == lists[name]
+            assert registry.get_sample_value(other, {"policy": policy, "list": name}) is None
+    resident = [h for h in bhs(range(6)) if h in m][:2]
+    m.prepare_load(resident)
+    m.complete_load(resident)
+    assert v("kvoffload_load_completed_blocks_total") == 2
     assert lists["b1"] > 0 and lists["t2"] > 0
     target = m.stats().target_t1_size
     assert target is not None and target > 0
@@ -220,10 +231,27 @@ def test_collector_event_log_metrics(registry: CollectorRegistry) -> None:
     assert v("kvoffload_events_last_seq") == 5
     assert v("kvoffload_events_capacity") == 3
     assert v("kvoffload_events_buffered") == 3
-    assert v("kvoffload_events_dropped_total") == 2
+    assert v("kvoffload_events_overwritten_total") == 2
+    assert v("kvoffload_events_missed_total") == 0  # nobody read
+    assert m.event_log is not None
+    m.event_log.read(after_seq=1)  # 2 is gone
+    assert v("kvoffload_events_missed_total") == 1
     m.take_events()
     assert v("kvoffload_events_drained_total") == 3
     assert v("kvoffload_events_buffered") == 0
+
+
+def test_collector_reads_the_event_log_live_when_given_it(registry: CollectorRegistry) -> None:
+    m = make_manager(capacity=64)
+    store(m, range(3))
+    published = m.stats()  # a snapshot taken before the drain, as an engine publishes it
+    assert m.event_log is not None
+    KVOffloadCollector(lambda: published, registry=registry, event_log=m.event_log)
+    v = _value(registry)
+    m.event_log.drain(limit=1)
+    assert v("kvoffload_events_drained_total") == 1
+    assert v("kvoffload_events_buffered") == 0
+    assert v("kvoffload_store_blocks_total", outcome="stored") == 3  # the rest: the snapshot
 
 
 def test_collector_without_event_log_omits_event_metrics(registry: CollectorRegistry) -> None:
@@ -323,6 +351,39 @@ def test_collector_reads_runtime_stats_from_an_engine_snapshot(
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (1, 1)
     state[0] = "stopped"
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (0, 0)
+
+
+def test_collector_marks_each_command_with_when_it_took_effect(
+    registry: CollectorRegistry,
+) -> None:
+    # what the dashboard's markers read: one timestamp per command kind, and
+    # the last switch's from and to
+    from kvoffload.runtime import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(num_cpu_blocks=32, num_gpu_blocks=64, device="cpu"))
+    KVOffloadCollector(engine.snapshot, registry=registry)
+    stamp = "kvoffload_command_timestamp_seconds"
+    assert registry.get_sample_value(stamp, {"command": "switch_policy"}) is None
+    assert "kvoffload_policy_switch_info" not in _names(registry)
+    before = time.time()
+    engine.switch_policy("arc")
+    engine.run(max_steps=2)
+    first = registry.get_sample_value(stamp, {"command": "switch_policy"})
+    assert first is not None and before <= first <= time.time()
+    switched = {"previous_policy": "lru", "policy": "arc"}
+    assert registry.get_sample_value("kvoffload_policy_switch_info", switched) == 1
+    engine.switch_policy("kvarc")
+    engine.reset()
+    engine.pause()
+    engine.run(max_steps=1)
+    v = _value(registry)
+    assert v(stamp, command="switch_policy") > first
+    assert (
+        v(stamp, command="switch_policy") <= v(stamp, command="reset") <= v(stamp, command="pause")
+    )
+    assert v("kvoffload_policy_switch_info", previous_policy="arc", policy="kvarc") == 1
+    assert registry.get_sample_value("kvoffload_policy_switch_info", switched) is None
+    assert registry.get_sample_value(stamp, {"command": "resume"}) is None
 
 
 def test_collector_from_manager_stats_has_no_runtime_metrics(registry: CollectorRegistry) -> None:

@@ -47,7 +47,7 @@ def test_observer_series_exist_at_zero(registry: CollectorRegistry) -> None:
     for d in ("store", "load"):
         for o in ("ok", "failed"):
             assert _get(registry, "kvoffload_transfer_jobs_total", direction=d, outcome=o) == 0
-        assert _get(registry, "kvoffload_transfer_blocks_total", direction=d) == 0
+        assert _get(registry, "kvoffload_transfer_gpu_blocks_total", direction=d) == 0
         assert _get(registry, "kvoffload_transfer_bytes_total", direction=d) == 0
         assert _get(registry, "kvoffload_transfer_duration_seconds_count", direction=d) == 0
         assert _get(registry, "kvoffload_transfer_size_bytes_count", direction=d) == 0
@@ -63,12 +63,12 @@ def test_observer_counts_transfers_exactly(registry: CollectorRegistry) -> None:
     obs.transfer_finished(_record(101, "load", 3, 12288, ms=20.0, ok=False))
 
     assert _get(registry, "kvoffload_transfer_jobs_total", direction="store", outcome="ok") == n
-    assert _get(registry, "kvoffload_transfer_blocks_total", direction="store") == n * k
+    assert _get(registry, "kvoffload_transfer_gpu_blocks_total", direction="store") == n * k
     assert _get(registry, "kvoffload_transfer_bytes_total", direction="store") == n * nbytes
     assert _get(registry, "kvoffload_transfer_jobs_total", direction="load", outcome="ok") == 1
     assert _get(registry, "kvoffload_transfer_jobs_total", direction="load", outcome="failed") == 1
     # a failed job moved nothing: blocks, bytes and size count successes only
-    assert _get(registry, "kvoffload_transfer_blocks_total", direction="load") == 2
+    assert _get(registry, "kvoffload_transfer_gpu_blocks_total", direction="load") == 2
     assert _get(registry, "kvoffload_transfer_bytes_total", direction="load") == 8192
     assert _get(registry, "kvoffload_transfer_size_bytes_count", direction="load") == 1
     # ... but its duration is observed
@@ -151,8 +151,8 @@ def test_observer_counts_real_engine_transfers(registry: CollectorRegistry) -> N
 
     assert g("kvoffload_transfer_jobs_total", direction="store", outcome="ok") == r.store_jobs
     assert g("kvoffload_transfer_jobs_total", direction="load", outcome="ok") == r.load_jobs
-    assert g("kvoffload_transfer_blocks_total", direction="store") == r.stored_blocks
-    assert g("kvoffload_transfer_blocks_total", direction="load") == r.loaded_blocks
+    assert g("kvoffload_transfer_gpu_blocks_total", direction="store") == r.stored_gpu_blocks
+    assert g("kvoffload_transfer_gpu_blocks_total", direction="load") == r.loaded_gpu_blocks
     assert g("kvoffload_transfer_bytes_total", direction="store") == r.stored_bytes
     assert g("kvoffload_transfer_bytes_total", direction="load") == r.loaded_bytes
     assert g("kvoffload_transfer_size_bytes_sum", direction="load") == r.loaded_bytes

@@ -46,7 +46,7 @@ def _one_step(obs: TracingObserver, step: int = 1) -> tuple[int, int]:
     obs.transfer_finished(TransferRecord(7, "store", 4, 65536, t0 - 3 * MS, t0 + 1 * MS, True))
     obs.transfer_finished(TransferRecord(8, "load", 2, 32768, t0, t0 + 2 * MS, False))
     obs.request_finished(RequestRecord(42, step, 256, 64, 128, 64, t0 + 1 * MS, t0 + 3 * MS))
-    obs.blocks_evicted(step, 5, "arc")
+    obs.blocks_evicted(step, 5, "arc", {"t1": 3, "t2": 2})
     t1 = t0 + 5 * MS
     obs.step_finished(step, t0, t1, requests=1)
     return t0, t1
@@ -120,10 +120,13 @@ def test_tracing_eviction_log_is_correlated_with_the_step_span(otel: OTel) -> No
     assert dict(rec.attributes) == {
         "kvoffload.step": 1,
         "kvoffload.eviction.blocks": 5,
+        # which lists the victims left (issue 18)
+        "kvoffload.eviction.blocks.t1": 3,
+        "kvoffload.eviction.blocks.t2": 2,
         "kvoffload.policy": "arc",
     }
     assert rec.severity_number == _logs.SeverityNumber.DEBUG
-    assert isinstance(rec.body, str) and "5" in rec.body
+    assert rec.body == "evicted 5 offloaded blocks (arc: 3 from t1, 2 from t2)"
 
 
 def test_tracing_policy_switch_is_a_log_record_in_the_current_span(otel: OTel) -> None:
@@ -158,33 +161,36 @@ def test_tracing_policy_switch_is_a_log_record_in_the_current_span(otel: OTel) -
     assert not _by_name(otel.spans.get_finished_spans(), "kvoffload.step")
 
 
-def test_tracing_reports_dropped_events_rate_limited(otel: OTel) -> None:
+def test_tracing_reports_missed_events_rate_limited(otel: OTel) -> None:
     log = EventLog(capacity=2)
-    obs = TracingObserver(otel.tracer_provider, otel.logger_provider, dropped_events_interval_s=60)
-    log.append("cleared")
-    log.append("cleared")
-    log.append("cleared")  # dropped before the observer watches: not reported
-    obs.watch_event_log(log)
-    for _ in range(3):
-        log.append("cleared")
-    obs.step_started(1, time.perf_counter_ns())
-    obs.step_finished(1, 0, time.perf_counter_ns(), 0)
+    obs = TracingObserver(otel.tracer_provider, otel.logger_provider, missed_events_interval_s=60)
     for _ in range(4):
         log.append("cleared")
+    assert log.read(after_seq=1).missed == 1  # before the observer watches: not reported
+    obs.watch_event_log(log)
+    for _ in range(10):
+        log.append("cleared")  # overwritten unread: nobody lost them, nothing to report
+    obs.step_started(1, time.perf_counter_ns())
+    obs.step_finished(1, 0, time.perf_counter_ns(), 0)
+    assert otel.logs.get_finished_logs() == ()
+    log.read(after_seq=7)  # the ring holds 13 and 14: 8..12 are gone
     obs.step_started(2, time.perf_counter_ns())
-    obs.step_finished(2, 0, time.perf_counter_ns(), 0)  # within the interval: held back
+    obs.step_finished(2, 0, time.perf_counter_ns(), 0)
+    log.read(after_seq=9)  # 10..12
+    obs.step_started(3, time.perf_counter_ns())
+    obs.step_finished(3, 0, time.perf_counter_ns(), 0)  # within the interval: held back
     records = [r.log_record for r in otel.logs.get_finished_logs()]
-    assert [r.event_name for r in records] == ["kvoffload.events_dropped"]
+    assert [r.event_name for r in records] == ["kvoffload.events_missed"]
     assert records[0].attributes is not None
-    assert records[0].attributes[Attr.EVENTS_DROPPED] == 3
+    assert records[0].attributes[Attr.EVENTS_MISSED] == 5
     assert records[0].severity_number == _logs.SeverityNumber.WARN
-    step1 = _by_name(otel.spans.get_finished_spans(), "kvoffload.step")[0]
-    assert records[0].trace_id == step1.context.trace_id
+    step2 = _by_name(otel.spans.get_finished_spans(), "kvoffload.step")[1]
+    assert records[0].trace_id == step2.context.trace_id
     obs.close()  # flushes what was held back
     records = [r.log_record for r in otel.logs.get_finished_logs()]
     assert len(records) == 2 and records[1].attributes is not None
-    assert records[1].attributes[Attr.EVENTS_DROPPED] == 4
-    assert records[1].attributes[Attr.EVENTS_DROPPED_TOTAL] == 8
+    assert records[1].attributes[Attr.EVENTS_MISSED] == 3
+    assert records[1].attributes[Attr.EVENTS_MISSED_TOTAL] == 9
 
 
 def test_tracing_without_providers_does_nothing_and_ignores_globals(

@@ -4,7 +4,7 @@ data verification, observers and snapshots."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -69,7 +69,7 @@ class Recorder(EngineObserver):
         self.finished: list[tuple[int, int]] = []  # (step, requests)
         self.transfers: list[TransferRecord] = []
         self.requests: list[RequestRecord] = []
-        self.evicted: list[tuple[int, int, str]] = []
+        self.evicted: list[tuple[int, int, str, dict[str, int]]] = []
         self.commands: list[CommandResult] = []
         self.closed = 0
 
@@ -86,8 +86,8 @@ class Recorder(EngineObserver):
     def request_finished(self, record: RequestRecord) -> None:
         self.requests.append(record)
 
-    def blocks_evicted(self, step: int, count: int, policy: str) -> None:
-        self.evicted.append((step, count, policy))
+    def blocks_evicted(self, step: int, count: int, policy: str, lists: Mapping[str, int]) -> None:
+        self.evicted.append((step, count, policy, dict(lists)))
 
     def command_applied(self, result: CommandResult) -> None:
         self.commands.append(result)
@@ -139,8 +139,8 @@ RUNTIME_COUNTERS = (
     "load_jobs",
     "store_jobs",
     "failed_jobs",
-    "loaded_blocks",
-    "stored_blocks",
+    "loaded_gpu_blocks",
+    "stored_gpu_blocks",
     "loaded_bytes",
     "stored_bytes",
     "verify_failures",
@@ -184,12 +184,12 @@ def assert_transfer_accounting(engine: Engine, snap: EngineSnapshot) -> None:
     """Moved blocks, bytes and tokens agree with one another."""
     rt, c = snap.runtime, snap.manager.counters
     k = engine.config.block_factor
-    assert rt.loaded_bytes == rt.loaded_blocks * engine.kv.block_bytes
-    assert rt.stored_bytes == rt.stored_blocks * engine.kv.block_bytes
+    assert rt.loaded_bytes == rt.loaded_gpu_blocks * engine.kv.block_bytes
+    assert rt.stored_bytes == rt.stored_gpu_blocks * engine.kv.block_bytes
     # failed loads are recomputed: CPU hit tokens are the blocks that arrived
-    assert rt.cpu_hit_tokens == rt.loaded_blocks * engine.config.gpu_block_size
+    assert rt.cpu_hit_tokens == rt.loaded_gpu_blocks * engine.config.gpu_block_size
     # each store job completes all of its blocks, successfully or not
-    assert rt.stored_blocks == c.store_blocks["stored"] * k
+    assert rt.stored_gpu_blocks == c.store_blocks["stored"] * k
     assert c.store_prepared_blocks == c.store_blocks["stored"] + c.store_blocks["failed"]
 
 
@@ -272,7 +272,7 @@ def test_engine_switches_policy_mid_run_many_times(layout: Layout) -> None:
     assert rt.requests == 400
     assert rt.verify_failures == 0
     assert rt.failed_jobs == 0
-    assert rt.loaded_blocks > 0
+    assert rt.loaded_gpu_blocks > 0
     assert rt.cpu_hit_tokens > 0
     assert sum(snap.manager.counters.evictions.values()) > 0
     assert_transfer_accounting(engine, snap)
@@ -328,7 +328,7 @@ def test_engine_injected_failures_keep_accounting_exact(layout: Layout) -> None:
     assert c.store_blocks["failed"] * config.block_factor == sum(t.blocks for t in failed_stores)
     ok_loads = [t for t in records.transfers if t.ok and t.direction == "load"]
     assert ok_loads  # some loads still succeed
-    assert rt.loaded_blocks == sum(t.blocks for t in ok_loads)
+    assert rt.loaded_gpu_blocks == sum(t.blocks for t in ok_loads)
     # issue 18: a request is reported once its load finished, and a failed
     # load's tokens count as computed, so the requests add up to the totals
     # (they used to count failed loads as CPU hits)
@@ -370,7 +370,7 @@ def test_engine_with_a_failing_handler_stores_nothing_and_leaks_nothing(
     assert rt.requests == 120
     assert rt.store_jobs > 0
     assert rt.failed_jobs == rt.store_jobs  # nothing was ever stored, so nothing loaded
-    assert rt.load_jobs == rt.loaded_blocks == rt.cpu_hit_tokens == 0
+    assert rt.load_jobs == rt.loaded_gpu_blocks == rt.cpu_hit_tokens == 0
     assert c.store_blocks["stored"] == 0
     assert c.store_blocks["failed"] == c.store_prepared_blocks > 0
     assert m.used == 0
@@ -411,6 +411,28 @@ class LateFailingLoads(InMemoryOffloadingHandler):
         return super().transfer_async(job_id, spec)
 
 
+def test_a_pause_finishes_the_jobs_in_flight_so_the_paused_engine_is_settled() -> None:
+    # issue 18: a pause left jobs in flight (a GPU copy stream reports them
+    # later), so a paused engine's counts were not settled: prompt tokens
+    # without an outcome, requests not yet reported, blocks in flight
+    config = small_config(num_cpu_blocks=96)
+    handler = in_memory_handler(config, strict=False, delay_polls=3)
+    records = Recorder()
+    engine = Engine(config, synthetic(num_requests=200), [records], handler=handler)
+    published: list[EngineSnapshot] = []
+    records.command_applied = lambda _: published.append(engine.snapshot())  # type: ignore[method-assign]
+    while engine.step() and not len(engine._jobs):
+        pass
+    assert len(engine._jobs) > 0, "the delayed handler leaves jobs in flight after a step"
+    engine.pause()
+    engine.run()  # applies the pause and returns
+    (snap,) = published  # what readers saw once the pause was applied
+    assert snap.state == "paused"
+    assert_settled(engine, snap)
+    assert len(records.requests) == snap.runtime.requests
+    assert len(records.transfers) == snap.runtime.load_jobs + snap.runtime.store_jobs
+
+
 def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
     # A failed load turns its CPU-hit tokens into computed ones. Counted at
     # serve time and taken back at failure, cpu_hit_tokens went down between
@@ -433,7 +455,7 @@ def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
     rt = final.runtime
     assert in_flight_seen
     assert rt.load_jobs > 0
-    assert rt.cpu_hit_tokens == rt.loaded_blocks == 0
+    assert rt.cpu_hit_tokens == rt.loaded_gpu_blocks == 0
     assert rt.failed_jobs == rt.load_jobs
     assert_settled(engine, final)
 
@@ -495,8 +517,8 @@ def test_engine_loads_verify_clean_after_a_round_trip(layout: Layout) -> None:
     engine = integrity_engine(layout, STORE_EVICT_LOAD)
     snap = engine.run()
     rt = snap.runtime
-    assert rt.stored_blocks == 3 * 3 * 4  # r0..r2: 3 blocks of 4 GPU blocks each
-    assert rt.loaded_blocks == 12  # r3 came back from the CPU tier
+    assert rt.stored_gpu_blocks == 3 * 3 * 4  # r0..r2: 3 blocks of 4 GPU blocks each
+    assert rt.loaded_gpu_blocks == 12  # r3 came back from the CPU tier
     assert rt.cpu_hit_tokens == 3 * BLOCK
     assert rt.verify_failures == 0
 
@@ -510,7 +532,7 @@ def test_engine_corrupted_cpu_mirror_is_caught_on_load(layout: Layout) -> None:
     for t in handler.cpu_tensors:
         t.view(torch.int16).add_(1)  # every word of the mirror changes
     snap = engine.run()
-    assert snap.runtime.loaded_blocks == 12
+    assert snap.runtime.loaded_gpu_blocks == 12
     assert snap.runtime.verify_failures == 12
 
 
@@ -524,7 +546,7 @@ def test_engine_one_flipped_byte_in_the_mirror_fails_one_block(
     row = cpu_block_of(engine, (1, 2, 3), 1) * engine.config.block_factor + sub
     mirror_row(engine, layer, kv_index, row)[5] ^= 0x01
     snap = engine.run()
-    assert snap.runtime.loaded_blocks == 12
+    assert snap.runtime.loaded_gpu_blocks == 12
     assert snap.runtime.verify_failures == 1
 
 
@@ -553,7 +575,7 @@ def test_engine_gpu_hit_inside_an_offloaded_block_loads_only_the_rest(layout: La
     assert (r4.gpu_hit_tokens, r4.cpu_hit_tokens, r4.computed_tokens) == (96, 32, 0)
     r3 = records.requests[-2]
     assert (r3.gpu_hit_tokens, r3.cpu_hit_tokens, r3.computed_tokens) == (0, 64, 32)
-    assert snap.runtime.loaded_blocks == 4 + 2
+    assert snap.runtime.loaded_gpu_blocks == 4 + 2
     assert snap.runtime.verify_failures == 1
 
 
@@ -592,12 +614,19 @@ def test_engine_calls_every_observer_hook_with_consistent_numbers() -> None:
         assert t.blocks > 0
         assert t.nbytes == t.blocks * engine.kv.block_bytes
         assert t.finished_ns >= t.submitted_ns
-    assert sum(t.blocks for t in loads) == rt.loaded_blocks
+    assert sum(t.blocks for t in loads) == rt.loaded_gpu_blocks
     assert sum(t.nbytes for t in stores) == rt.stored_bytes
     # evictions: every prepare_store eviction, under the policy of the time
-    assert sum(n for _, n, _ in records.evicted) == sum(snap.manager.counters.evictions.values())
-    assert {p for _, _, p in records.evicted} == {"arc"}
-    assert all(1 <= s <= rt.steps for s, _, _ in records.evicted)
+    assert sum(n for _, n, _, _ in records.evicted) == sum(snap.manager.counters.evictions.values())
+    assert {p for _, _, p, _ in records.evicted} == {"arc"}
+    assert all(1 <= s <= rt.steps for s, _, _, _ in records.evicted)
+    # and which lists the victims left
+    assert all(n == sum(lists.values()) for _, n, _, lists in records.evicted)
+    by_list: dict[str, int] = {}
+    for _, _, _, lists in records.evicted:
+        for name, k in lists.items():
+            by_list[name] = by_list.get(name, 0) + k
+    assert by_list == {k: v for k, v in snap.manager.counters.evictions.items() if v}
     # commands, in the order they were queued, before the first step
     assert [(c.kind, c.applied_at_step) for c in records.commands] == [
         ("switch_policy", 0),

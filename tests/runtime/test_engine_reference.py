@@ -317,7 +317,7 @@ def test_engine_replay_counts_equal_the_reference_model(
     assert [rt.prompt_tokens, rt.gpu_hit_tokens, rt.cpu_hit_tokens, rt.computed_tokens] == totals
     assert (rt.steps, rt.requests) == (len(trace), len(trace))
     assert (rt.load_jobs, rt.store_jobs) == (ref.jobs["load"], ref.jobs["store"])
-    assert (rt.loaded_blocks, rt.stored_blocks) == (ref.moved["load"], ref.moved["store"])
+    assert (rt.loaded_gpu_blocks, rt.stored_gpu_blocks) == (ref.moved["load"], ref.moved["store"])
     assert (rt.failed_jobs, rt.verify_failures) == (0, 0)
 
     m = snap.manager

@@ -106,6 +106,10 @@ def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
     paused = engine.pause().result(timeout=TIMEOUT)
     snap = wait_for(engine, lambda s: s.state == "paused")
     assert snap.step == paused.applied_at_step
+    # its jobs finished at the pause: every count is settled
+    assert (snap.manager.in_flight, snap.manager.pinned) == (0, 0)
+    rt = snap.runtime
+    assert rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens == rt.prompt_tokens
     time.sleep(0.2)  # a paused engine takes no step
     assert engine.snapshot().step == snap.step
     assert engine.state == "paused"
@@ -115,9 +119,9 @@ def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
     after = engine.snapshot()
     assert reset.applied_at_step == before.step == after.step
     assert int(reset.detail["cpu_blocks_evicted"]) > 0
-    # both tiers are empty but for blocks a job in flight holds
+    # both tiers are empty: no job is in flight while paused
     m = after.manager
-    assert m.used == m.pinned + m.in_flight
+    assert m.used == m.pinned + m.in_flight == 0
     assert m.used + m.free == m.capacity
     kv = engine.kv  # safe to read: the engine thread is paused
     assert kv.cached_blocks == kv.num_blocks - kv.available()

@@ -146,6 +146,65 @@ def test_command_during_a_host_call_waits_for_its_end() -> None:
     assert submitted[0].result(timeout=1).policy == "arc"
 
 
+def stored(hosted: HostedManager, *ids: int) -> list[BlockHash]:
+    chain = hashes(*ids)
+    hosted.prepare_store(chain)
+    hosted.complete_store(chain)
+    return chain
+
+
+def test_reset_waits_for_the_load_of_an_outstanding_lookup() -> None:
+    """vLLM's scheduler calls prepare_load for what lookup found right after
+    it: a reset arriving in between would evict those blocks and make the
+    load fail. It is applied once the load has pinned them."""
+    _, hosted = make()
+    chain = stored(hosted, 1, 2)
+    stored(hosted, 3)
+    assert hosted.lookup(chain) == 2
+    reset = hosted.reset()  # the host is idle, between its lookup and its load
+    assert not reset.done()
+    assert hosted.stats().used == 3  # a query is not the host's next call
+    assert not reset.done()
+    hosted.prepare_load(chain)  # would raise had the reset evicted them
+    assert reset.result(timeout=1).detail == {"cpu_blocks_evicted": "1"}  # block 3
+    hosted.complete_load(chain)
+    assert hosted.lookup(chain) == 2
+
+
+def test_reset_after_a_lookup_the_host_dropped_lands_after_its_next_call() -> None:
+    """vLLM drops a lookup's answer when the request gets no GPU blocks: its
+    next call is another request's touch, and the reset lands after it."""
+    _, hosted = make()
+    chain = stored(hosted, 1, 2)
+    assert hosted.lookup(chain) == 2
+    reset = hosted.reset()
+    hosted.touch(hashes(7))
+    assert reset.result(timeout=1).detail == {"cpu_blocks_evicted": "2"}
+    assert hosted.lookup(chain) == 0
+
+
+def test_reset_after_a_lookup_that_found_nothing_is_applied_at_once() -> None:
+    _, hosted = make()
+    stored(hosted, 1)
+    assert hosted.lookup(hashes(5)) == 0
+    assert hosted.reset().result(timeout=1).detail == {"cpu_blocks_evicted": "1"}
+
+
+def test_policy_switch_is_not_held_by_an_outstanding_lookup() -> None:
+    """A switch keeps every block: it needs no hold, and one queued behind a
+    held reset waits for it only (commands keep their order)."""
+    _, hosted = make()
+    chain = stored(hosted, 1, 2)
+    assert hosted.lookup(chain) == 2
+    assert hosted.switch_policy("arc").result(timeout=1).policy == "arc"
+    reset, switch = hosted.reset(), hosted.switch_policy("lru")
+    assert not reset.done() and not switch.done()
+    hosted.prepare_load(chain)
+    assert reset.result(timeout=1).kind == "reset"
+    assert switch.result(timeout=1).policy == "lru"
+    hosted.complete_load(chain)
+
+
 def test_pause_and_resume_are_not_for_a_hosted_manager() -> None:
     _, hosted = make()
     with pytest.raises(UnsupportedCommandError, match="host's scheduler drives it"):
@@ -167,13 +226,14 @@ def test_closed_manager_refuses_commands_but_keeps_serving_the_host() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_commands_from_another_thread_never_overlap_the_hosts_calls(seed: int) -> None:
     """The host drives the protocol in a seeded loop, pausing now and then (an
-    idle scheduler); another thread hammers policy switches and snapshots.
-    No call overlaps another, every command resolves, the books balance.
-    (Not resets: one between a host's lookup and its prepare_load evicts what
-    the lookup counted, as the docs say.)"""
+    idle scheduler), and loads what its lookups found, as vLLM's scheduler
+    does; another thread hammers policy switches, resets and snapshots. No
+    call overlaps another, no load fails, every command resolves, the books
+    balance."""
     manager, hosted = make(capacity=32)
     stop = threading.Event()
     results: list[CommandResult] = []
+    resets: list[CommandResult] = []
     failures: list[BaseException] = []
 
     def admin() -> None:
@@ -181,6 +241,9 @@ def test_commands_from_another_thread_never_overlap_the_hosts_calls(seed: int) -
         policies = ("lru", "arc", "kvarc")
         while not stop.is_set():
             try:
+                if rng.random() < 0.1:
+                    resets.append(hosted.reset().result(timeout=5))
+                    continue
                 results.append(hosted.switch_policy(rng.choice(policies)).result(timeout=5))
                 snap = hosted.snapshot()
                 assert snap.manager.used + snap.manager.free == snap.manager.capacity
@@ -218,6 +281,7 @@ def test_commands_from_another_thread_never_overlap_the_hosts_calls(seed: int) -
     assert failures == []
     assert manager.overlaps == 0
     assert len(results) > 10, "the admin thread got commands through"
+    assert sum(int(r.detail["cpu_blocks_evicted"]) > 0 for r in resets) > 2
     # commands were applied by both threads: the host's and the submitter's
     assert len(manager.threads) == 2
     assert [r.policy_version for r in results] == list(range(2, len(results) + 2))

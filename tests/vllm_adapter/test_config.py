@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvoffload import ConfigError, available_policies
-from kvoffload.vllm import EXTRA_CONFIG_KEYS, offloading_config
+from kvoffload.vllm import EXTRA_CONFIG_KEYS, admin_port, offloading_config
 
 BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm"}
 
@@ -50,6 +50,13 @@ def test_offloading_config_defaults_follow_vllm() -> None:
             f"eviction_policy 'mru' is unknown (registered policies: {', '.join(available_policies())})",
         ),
         ({"num_cpu_blocks": 8, "eviction_policy": ["lru"]}, "eviction_policy ['lru'] is unknown"),
+        *[
+            (
+                {"num_cpu_blocks": 8, "admin_port": bad},
+                f"admin_port must be an integer from 0 to 65535 (0: any free port), got {bad!r}",
+            )
+            for bad in (-1, 65536, 80.0, "8000", True, None)
+        ],
         (
             {"num_cpu_blocks": 8, "admin_prot": 9000},
             f"unknown key 'admin_prot' (valid keys: {', '.join(EXTRA_CONFIG_KEYS)})",
@@ -79,3 +86,20 @@ def test_offloading_config_reports_every_problem_in_one_error() -> None:
         "block_size",
         "eviction_policy",
     ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "port"), [({}, None), ({"admin_port": 0}, 0), ({"admin_port": 65535}, 65535)]
+)
+def test_admin_port_absent_is_no_server_and_0_is_any_free_port(
+    extra: dict[str, Any], port: int | None
+) -> None:
+    offloading_config({**BASE, "num_cpu_blocks": 8, **extra}, 16)  # valid
+    assert admin_port(extra) == port
+
+
+def test_admin_port_problem_is_reported_with_the_others() -> None:
+    with pytest.raises(ConfigError) as info:
+        offloading_config({"num_cpu_blocks": 0, "admin_port": 99999}, 16)
+    problems = str(info.value).split(": ", 1)[1].split("; ")
+    assert [p.split()[0] for p in problems] == ["num_cpu_blocks", "admin_port"]

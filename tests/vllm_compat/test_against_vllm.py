@@ -160,4 +160,4 @@ def test_defect9_events_pile_up_without_bound(vllm: Any) -> None:
     assert len(theirs.events) == 2 * calls - 4  # every store and removal, kept
     stats = ours.event_log.stats()
     assert len(list(ours.take_events())) == ours.event_log.capacity
-    assert stats.dropped == 2 * calls - 4 - ours.event_log.capacity
+    assert stats.overwritten == 2 * calls - 4 - ours.event_log.capacity

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from .workload import (
     NUM_GPU_BLOCKS,
     PREFIX_TOKENS,
     Run,
+    failing_engine_start,
+    free_port,
     kvoffload_extra,
     make_llm,
     midblock_prompts,
@@ -137,7 +140,7 @@ def test_engine_zeroed_loads_change_outputs(model_dir: Path, baseline: Run) -> N
 
 def test_engine_bad_extra_config_fails_engine_start_naming_choices(model_dir: Path) -> None:
     extra = kvoffload_extra(num_cpu_blocks=0, block_size=48, eviction_policy="mru")
-    with pytest.raises(ConfigError) as info:
+    with failing_engine_start(), pytest.raises(ConfigError) as info:
         make_llm(model_dir, extra)
     message = str(info.value)
     assert "num_cpu_blocks must be a positive integer, got 0" in message
@@ -155,14 +158,20 @@ def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
         "spec_module_path": "kvoffload.spec",
         "num_cpu_blocks": 8,
     }
-    with pytest.raises(Exception, match="only supported on CUDA-alike GPUs"):
+    with (
+        failing_engine_start(),
+        pytest.raises(Exception, match="only supported on CUDA-alike GPUs"),
+    ):
         make_llm(model_dir, extra)
 
 
 def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path: Path) -> None:
     """With vLLM's engine core in a child process (its default outside
-    tests) the spec is loaded there and the tier serves the prefix."""
-    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc")
+    tests) the spec is loaded there and the tier serves the prefix; the
+    admin server runs there too, with the worker's transfers, logs where it
+    listens and is reached from the parent process, which has none."""
+    port = free_port()
+    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc", admin_port=port)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     script = Path(__file__).with_name("workload.py")
     result = tmp_path / "steps.json"
@@ -174,6 +183,17 @@ def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    steps = json.loads(result.read_text())
+    answer = json.loads(result.read_text())
+    steps = answer["steps"]
     assert {n: tuple(s["output"]) for n, s in steps.items()} == baseline.outputs()
     assert steps["a_again"]["cached_tokens"] == PREFIX_TOKENS
+    admin = answer["admin"]
+    assert admin["servers_here"] == 0  # the front-end process runs none
+    assert admin["cache"]["policy"] == "kvarc"
+    assert admin["cache"]["counters"]["load_blocks"] == PREFIX_TOKENS // GPU_BLOCK_SIZE
+    assert 'kvoffload_transfer_jobs_total{direction="load",outcome="ok"} 1.0' in admin["metrics"]
+    assert re.search(
+        rf"\(EngineCore\S* pid=\d+\)\S* INFO .* kvoffload admin API of this vLLM engine at "
+        rf"http://127\.0\.0\.1:{port} \(admin_port {port} ",
+        out.stdout + out.stderr,
+    ), (out.stdout + out.stderr)[-3000:]

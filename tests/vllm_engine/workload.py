@@ -8,8 +8,9 @@ fixed. Greedy decoding, 16 tokens each.
 
 Also a script: ``python workload.py MODEL_DIR EXTRA_CONFIG_JSON OUT_JSON``
 runs the workload in a fresh process and writes each step's output and
-cached tokens to OUT_JSON (the tier uses it for an engine whose core runs in
-its own process).
+cached tokens to OUT_JSON, and with an ``admin_port`` what the admin server
+answered at the end (the tier uses it for an engine whose core runs in its
+own process).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,11 +68,12 @@ def midblock_prompts(vocab: int, seed: int = 0) -> list[tuple[str, list[int]]]:
     return [a, x1, ("x2", x2), ("a_again", a[1])]
 
 
-def make_llm(model_dir: Path, extra: Mapping[str, Any] | None) -> Any:
+def make_llm(model_dir: Path, extra: Mapping[str, Any] | None, *, kv_events: bool = False) -> Any:
     """A vLLM engine on the tiny model; ``extra`` is the connector's whole
-    extra config (``None``: no offloading)."""
+    extra config (``None``: no offloading); ``kv_events`` turns vLLM's KV
+    cache events on (handed to vLLM's null publisher)."""
     from vllm import LLM
-    from vllm.config import KVTransferConfig
+    from vllm.config import KVEventsConfig, KVTransferConfig
 
     kv = None
     if extra is not None:
@@ -89,7 +93,31 @@ def make_llm(model_dir: Path, extra: Mapping[str, Any] | None) -> Any:
         enforce_eager=True,
         seed=0,
         kv_transfer_config=kv,
+        kv_events_config=(
+            KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
+        ),
     )
+
+
+@contextmanager
+def failing_engine_start() -> Iterator[None]:
+    """Around an engine start that must fail: vLLM 0.11.2 keeps the failed
+    engine's worker connector in its process global (EngineCore.shutdown()
+    would release it), and the next engine in this process would get it
+    instead of its own. Release it as shutdown does."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    try:
+        yield
+    finally:
+        ensure_kv_transfer_shutdown()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def kvoffload_extra(**extra: Any) -> dict[str, Any]:
@@ -124,9 +152,33 @@ class Run:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     num_gpu_blocks: int = 0
     gpu_block_bytes: int = 0
+    #: the tier's events in each batch vLLM's scheduler published (its KV
+    #: events) as (removed, block hashes); batches without any left out
+    published: list[list[tuple[bool, tuple[bytes, ...]]]] = field(default_factory=list)
 
     def outputs(self) -> dict[str, tuple[int, ...]]:
         return {name: s.output for name, s in self.steps.items()}
+
+
+def record_published(llm: Any, into: list[list[tuple[bool, tuple[bytes, ...]]]]) -> None:
+    """Record the offload tier's events in every batch the in-process
+    scheduler hands its KV event publisher (which then publishes it as before)."""
+    from vllm.distributed.kv_events import BlockRemoved
+
+    publisher = llm.llm_engine.engine_core.engine_core.scheduler.kv_event_publisher
+    publish = publisher.publish
+
+    def recording(batch: Any) -> None:
+        tier = [
+            (isinstance(ev, BlockRemoved), tuple(ev.block_hashes))
+            for ev in batch.events
+            if getattr(ev, "medium", None) == "CPU"
+        ]
+        if tier:
+            into.append(tier)
+        publish(batch)
+
+    publisher.publish = recording
 
 
 def run_workload(
@@ -136,42 +188,52 @@ def run_workload(
     zero_loaded_kv: bool = False,
     in_process: bool = True,
     workload: Callable[[int], list[tuple[str, list[int]]]] = prompts,
+    kv_events: bool = False,
+    before: Callable[[str, Any], None] | None = None,
 ) -> Run:
     """Run the workload in a new engine, then drop it. With ``in_process``
     (the engine core in this process) the run also reads kvoffload's live
-    manager and handler; without, only what vLLM answers."""
+    manager and handler and records the tier's events vLLM's scheduler
+    publishes; without, only what vLLM answers. ``before(name, manager)``
+    runs before each prompt's ``generate``, and with ``"end"`` before the
+    engine shuts down."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     import kvoffload.vllm as kv
 
     known = {id(m) for m in kv.live_managers()} | {id(h) for h in kv.live_handlers()}
-    llm = make_llm(model_dir, extra)
+    llm = make_llm(model_dir, extra, kv_events=kv_events)
     manager = next((m for m in kv.live_managers() if id(m) not in known), None)
     handler = next((h for h in kv.live_handlers() if id(h) not in known), None)
+    run = Run()
     if extra is not None and in_process:
         assert manager is not None and handler is not None, "KVOffloadSpec was not used"
         handler.zero_loaded_kv_for_testing = zero_loaded_kv
+        record_published(llm, run.published)
     records: list[Any] = []
     remove = kv.add_transfer_listener(records.append)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
-    run = Run()
     try:
         # ids the tokenizer knows too: vLLM refuses prompts with others
         vocab = min(llm.llm_engine.model_config.get_vocab_size(), len(llm.get_tokenizer()))
         for name, token_ids in workload(vocab):
-            before = manager.stats().counters if manager is not None else None
+            if before is not None:
+                before(name, manager)
+            counters = manager.stats().counters if manager is not None else None
             seen = len(records)
             (out,) = llm.generate(
                 [TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False
             )
             step = Step(name, tuple(out.outputs[0].token_ids), int(out.num_cached_tokens))
-            if manager is not None and before is not None:
+            if manager is not None and counters is not None:
                 after = manager.stats().counters
-                step.hit_blocks = after.hit_blocks - before.hit_blocks
-                step.load_blocks = after.load_blocks - before.load_blocks
+                step.hit_blocks = after.hit_blocks - counters.hit_blocks
+                step.load_blocks = after.load_blocks - counters.load_blocks
                 step.transfers = [(r.direction, r.blocks, r.nbytes, r.ok) for r in records[seen:]]
             run.steps[name] = step
+        if before is not None:
+            before("end", manager)
         if manager is not None and handler is not None:
             run.stats = manager.stats()
             inner = handler.inner
@@ -192,13 +254,36 @@ def run_workload(
     return run
 
 
+def read_admin(port: int, into: dict[str, Any]) -> Callable[[str, Any], None]:
+    """A ``before`` hook that reads the admin server on ``port`` (in the
+    engine-core process) at the end: /v1/cache, /metrics, and how many
+    admin servers run in this process."""
+
+    def before(name: str, manager: Any) -> None:
+        if name != "end":
+            return
+        import httpx
+
+        import kvoffload.vllm as kv
+
+        url = f"http://127.0.0.1:{port}"
+        into["cache"] = httpx.get(f"{url}/v1/cache").json()
+        into["metrics"] = httpx.get(f"{url}/metrics").text
+        into["servers_here"] = len(kv.live_admin_servers())
+
+    return before
+
+
 if __name__ == "__main__":
     for key, value in ENGINE_ENV.items():
         os.environ.setdefault(key, value)
     model, extra_json, out_json = sys.argv[1:4]
-    result = run_workload(Path(model), json.loads(extra_json), in_process=False)
+    extra = json.loads(extra_json)
+    admin: dict[str, Any] = {}
+    hook = read_admin(extra["admin_port"], admin) if "admin_port" in extra else None
+    result = run_workload(Path(model), extra, in_process=False, before=hook)
     steps = {
         s.name: {"output": s.output, "cached_tokens": s.cached_tokens}
         for s in result.steps.values()
     }
-    Path(out_json).write_text(json.dumps(steps))
+    Path(out_json).write_text(json.dumps({"steps": steps, "admin": admin}))
