@@ -3085,9 +3085,24 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         t->in_call = 0;
         return NULL;
     }
+    /* the answer first (nothing may fail once the window changes): how
+       many leading uses name entries that are resident and ready */
+    Node *N = t->nodes;
+    Py_ssize_t found = 0;
+    for (int32_t node = slot->first; node >= 0; node = N[node].tnext, found++) {
+        const Entry *e = &t->entries[N[node].ix];
+        if (e->tag >= N_RESIDENT || e->ref < 0)
+            break;
+    }
+    PyObject *res = PyLong_FromSsize_t(found);
+    if (res == NULL) {
+        if (order != small)
+            PyMem_Free(order);
+        t->in_call = 0;
+        return NULL;
+    }
     /* phase 2: every use leaves its queue (prev -2: the last one, which
        emptied it) */
-    Node *N = t->nodes;
     int32_t k = 0;
     for (int32_t node = slot->first; node >= 0; node = N[node].tnext) {
         order[k++] = node;
@@ -3140,7 +3155,7 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         t->tbase++;
     window_shrink(t);
     tbl_shrink(t);
-    return leave(t, NULL, NULL, Py_NewRef(Py_None));
+    return leave(t, NULL, NULL, res);
 }
 
 static PyObject *
@@ -3505,7 +3520,8 @@ static PyMethodDef BT_methods[] = {
     {"hint", (PyCFunction)BT_hint, METH_O,
      "hint(hashes) -> int: a hinted request joins the window; returns its ticket."},
     {"unhint", (PyCFunction)BT_unhint, METH_O,
-     "unhint(ticket): the hinted request leaves the window."},
+     "unhint(ticket) -> int: the hinted request leaves the window; returns how many of\n"
+     "its leading hashes were resident and ready."},
     {"next_uses", (PyCFunction)BT_next_uses, METH_O,
      "next_uses(hashes) -> list[int]: the key of each one's next hinted use, -1 if none."},
     {"farthest", (PyCFunction)BT_farthest, METH_O,

@@ -382,10 +382,11 @@ class PyBlockTable:
         self.window_uses += len(hashes)
         return ticket
 
-    def unhint(self, ticket: int, /) -> None:
+    def unhint(self, ticket: int, /) -> int:
         if type(ticket) is not int or ticket not in self._tickets:
             raise KeyError(ticket)
         hashes = self._tickets.pop(ticket)
+        found = self.lookup(hashes)
         uses, tags = self._uses, self._tag
         base = ticket * USE_STRIDE
         for p, h in enumerate(hashes):
@@ -408,6 +409,7 @@ class PyBlockTable:
                 self.window_resident -= 1
                 if held:
                     self._main[tag][h] = self._detach(h, tag)
+        return found
 
     def next_uses(self, hashes: Iterable[Key], /) -> list[int]:
         get = self._uses.get
