@@ -16,6 +16,12 @@ number of blocks (the C table does the per-block work).
 :meth:`PolicyOffloadingManager.get_block` answers a
 :class:`~kvoffload.backend.BlockStatus` snapshot with vLLM's ``ref_cnt``.
 
+Hints: :meth:`PolicyOffloadingManager.hint` tells the manager which blocks a
+request waiting to be served will use, :meth:`PolicyOffloadingManager.unhint`
+that it left the queue. The manager keeps this *window* in its table whatever
+the policy (it survives policy switches and :meth:`~PolicyOffloadingManager.clear`);
+a policy that uses hints (``hkvarc``) orders blocks by it, the others ignore it.
+
 Threading: one thread owns a manager and calls its protocol methods. Other
 threads may call :meth:`PolicyOffloadingManager.stats` snapshots published
 by that thread, and read or drain :attr:`PolicyOffloadingManager.event_log`;
@@ -36,11 +42,11 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError
+from kvoffload.errors import BlockStateError, ConfigError, UnknownTicketError
 from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
-from kvoffload.stats import ManagerCounters, ManagerStats
+from kvoffload.stats import ManagerCounters, ManagerStats, WindowStats
 from kvoffload.table import BlockTable
 
 __all__ = ["ARCOffloadingManager", "LRUOffloadingManager", "PolicyOffloadingManager"]
@@ -269,13 +275,53 @@ class PolicyOffloadingManager(OffloadingManager):
                 events.append(ev)
         return events
 
+    # -- beyond vLLM: the hint window -------------------------------------
+
+    def hint(self, block_hashes: Iterable[BlockHash]) -> int:
+        """A request waiting to be served joins the hint window: it will use
+        ``block_hashes`` (its chain, in prefix order), after every request
+        hinted before it and still in the window. Returns its ticket for
+        :meth:`unhint`.
+
+        Any hashes may be hinted (offloaded, evicted, never seen; a repeat
+        is one more use). Hints change no block and no answer by themselves:
+        a policy that uses them (``hkvarc``) orders blocks by their next use
+        in the window, every other policy ignores them. The window is the
+        manager's, not the policy's: it survives :meth:`switch_policy` (a
+        policy switched to sees it at once) and :meth:`clear`. Cost: one
+        table look-up per hash; nothing is rescanned later.
+        """
+        ticket: int = self._table.hint(block_hashes)
+        return ticket
+
+    def unhint(self, ticket: int) -> None:
+        """The request of ``ticket`` left the waiting queue: it is about to
+        be served (call this right before its ``touch`` and ``lookup``, so
+        that its own blocks are no longer counted as coming), or it was
+        aborted or preempted. Tickets may leave in any order.
+
+        Raises :class:`~kvoffload.errors.UnknownTicketError`, changing
+        nothing, for a ticket that is not in the window (never returned by
+        :meth:`hint` of this manager, or already unhinted). Cost: O(hashes
+        of the request), with no hashing.
+        """
+        try:
+            self._table.unhint(ticket)
+        except KeyError:
+            raise UnknownTicketError(
+                f"hint ticket {ticket!r} is not in the window: it was never returned by this "
+                "manager's hint(), or was already unhinted"
+            ) from None
+
     # -- beyond vLLM ------------------------------------------------------
 
     def switch_policy(self, policy: str) -> str:
         """Change the eviction policy in place; returns the previous name.
 
         Every resident block stays, with its block id and reference count;
-        in-flight stores and loads are untouched; counters continue. The old
+        in-flight stores and loads are untouched; counters continue (the
+        policy's own, :meth:`~kvoffload.policies.EvictionPolicy.counters`,
+        start again with it); the hint window is kept. The old
         policy's order (first-evicted first) seeds the new one; ghost history
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
@@ -298,8 +344,10 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def clear(self) -> list[BlockHash]:
         """Evict every resident, unpinned, ready block and forget ghost
-        history. Pinned blocks and stores in flight are kept. Returns the
-        evicted hashes (one ``removed`` event plus a ``cleared`` record)."""
+        history. Pinned blocks and stores in flight are kept, and so is the
+        hint window (hints are about the requests waiting, not about what
+        is resident: those requests still come). Returns the evicted hashes
+        (one ``removed`` event plus a ``cleared`` record)."""
         policy, table = self._policy, self._table
         evictable = len(table) - table.pinned - table.in_flight
         evicted: list[BlockHash] = []
@@ -359,6 +407,13 @@ class PolicyOffloadingManager(OffloadingManager):
             counters=counters,
             events=self.event_log.stats() if self.event_log is not None else None,
             ghost_list_names=policy.ghost_list_names,
+            window=WindowStats(
+                requests=table.window_requests,
+                uses=table.window_uses,
+                blocks=table.window_keys,
+                resident=table.window_resident,
+            ),
+            policy_counters=MappingProxyType(policy.counters()),
         )
 
 

@@ -8,11 +8,12 @@ frozen dataclasses below, which are safe to hand to any thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from kvoffload.event_log import EventLogStats
 
-__all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"]
+__all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats", "WindowStats"]
 
 #: outcomes of blocks named in ``prepare_store`` / ``complete_store``
 STORE_OUTCOMES = ("stored", "skipped_present", "failed", "rejected_no_room")
@@ -42,6 +43,25 @@ class ManagerCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowStats:
+    """The hint window: the waiting requests a manager was told about with
+    ``hint`` and that have not been unhinted yet (whatever the policy)."""
+
+    #: requests in the window (tickets not yet unhinted)
+    requests: int
+    #: block hashes those requests will use, repeats counted
+    uses: int
+    #: distinct block hashes with a use in the window
+    blocks: int
+    #: of those, the ones resident (offloaded, stores in flight included)
+    resident: int
+
+
+#: the window of a manager nobody hinted
+_EMPTY_WINDOW = WindowStats(requests=0, uses=0, blocks=0, resident=0)
+
+
+@dataclass(frozen=True, slots=True)
 class ManagerStats:
     """A consistent picture of a manager at one instant."""
 
@@ -63,6 +83,11 @@ class ManagerStats:
     events: EventLogStats | None
     #: which of ``lists`` are ghost lists (hashes of evicted blocks, no data)
     ghost_list_names: frozenset[str] = frozenset()
+    #: the hint window (kept by the manager whatever the policy)
+    window: WindowStats = _EMPTY_WINDOW
+    #: the current policy's own monotonic counters since it became the
+    #: policy (e.g. hkvarc's ``redirected``); empty for lru, arc, kvarc
+    policy_counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def resident_lists(self) -> dict[str, int]:

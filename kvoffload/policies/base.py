@@ -159,6 +159,12 @@ class EvictionPolicy(ABC):
         """The policy's adaptive parameters (for stats and metrics)."""
         return {}
 
+    def counters(self) -> dict[str, int]:
+        """The policy's own monotonic counters since it was made, by name
+        (for stats and metrics; e.g. how often it used a hint). None by
+        default."""
+        return {}
+
     def clear_ghosts(self) -> None:
         """Forget history kept for blocks that are no longer resident."""
         for tag in self._ghost_lists:

@@ -20,6 +20,7 @@ SKIPPED = ("runtime", "transfer", "vllm")
 EXPORTS = {
     "kvoffload.abstract": [
         "BlockHash", "LoadStoreSpec", "OffloadingEvent", "OffloadingManager", "PrepareStoreOutput",
+        "SupportsHints",
     ],
     "kvoffload.backend": ["Backend", "BlockStatus", "Handle"],
     "kvoffload.backends": ["CPUBackend", "CPUBlockStatus"],
@@ -27,6 +28,7 @@ EXPORTS = {
     "kvoffload.cli": ["main"],
     "kvoffload.errors": [
         "BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError",
+        "UnknownTicketError",
     ],
     "kvoffload.event_log": [
         "EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage", "EventRecord",
@@ -63,7 +65,9 @@ EXPORTS = {
         "BeladyResult", "ReplayResult", "ReplayTrace", "belady", "parse_capacity", "replay",
     ],
     "kvoffload.spec": ["CPUOffloadingSpec", "OffloadingConfig", "OffloadingSpec", "available_policies"],
-    "kvoffload.stats": ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"],
+    "kvoffload.stats": [
+        "ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats", "WindowStats",
+    ],
     "kvoffload.table": [
         "IMPLEMENTATION", "NO_TAG", "RESIDENT_TAGS", "STAY", "TAGS", "USE_STRIDE", "BlockTable",
         "PyBlockTable", "TableList", "TouchRules",
