@@ -209,6 +209,30 @@ METRICS: tuple[MetricSpec, ...] = (
         "Adaptive parameters of the current eviction policy, by parameter name.",
         ("policy", "name"),
     ),
+    _c(
+        "kvoffload_policy_counts_total",
+        "The current eviction policy's own counts, by name, since start (summed over every "
+        "time it was the policy); hkvarc: deferred, redirected and declined_blocks in offloaded "
+        "blocks, hinted_hits in offloaded blocks hit. lru, arc and kvarc have none.",
+        ("policy", "name"),
+    ),
+    _g(
+        "kvoffload_hint_window_requests",
+        "Requests in the hint window: hinted as waiting to be served and not unhinted yet "
+        "(the runtime's waiting queue; kept whatever the policy).",
+    ),
+    _g(
+        "kvoffload_hint_window_uses",
+        "Offloaded block hashes the requests in the hint window will use, repeats counted.",
+    ),
+    _g(
+        "kvoffload_hint_window_blocks",
+        "Distinct offloaded blocks the requests in the hint window will use (offloaded or not).",
+    ),
+    _g(
+        "kvoffload_hint_window_resident_blocks",
+        "Offloaded blocks the requests in the hint window will use that are resident now.",
+    ),
     MetricSpec(
         "kvoffload_build_info",
         "gauge",
