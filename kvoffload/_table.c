@@ -168,7 +168,7 @@ typedef struct {
     int32_t ncap, ntop, nfree;
     Ticket *ring;      /* tickets [tbase, tnext), at ticket & (rcap - 1) */
     int64_t rcap, tbase, tnext;
-    Py_ssize_t window_requests, window_uses, window_keys, window_resident, holds;
+    Py_ssize_t window_requests, window_uses, window_keys, window_resident, holds, window_found;
     Aside held;
     Py_ssize_t held_n[N_RESIDENT], held_ready[N_RESIDENT];
     char hold;         /* hint order: hinted resident entries are held */
@@ -1204,7 +1204,7 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->rcap = 0;
     t->tbase = t->tnext = 1;
     t->window_requests = t->window_uses = t->window_keys = t->window_resident = 0;
-    t->holds = 0;
+    t->holds = t->window_found = 0;
     t->held.v = NULL;
     t->held.n = t->held.ready = t->held.cap = 0;
     t->hold = 0;
@@ -3085,21 +3085,14 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         t->in_call = 0;
         return NULL;
     }
-    /* the answer first (nothing may fail once the window changes): how
-       many leading uses name entries that are resident and ready */
+    /* what the request finds as it leaves: its leading uses whose entries
+       are resident and ready */
     Node *N = t->nodes;
-    Py_ssize_t found = 0;
-    for (int32_t node = slot->first; node >= 0; node = N[node].tnext, found++) {
+    for (int32_t node = slot->first; node >= 0; node = N[node].tnext) {
         const Entry *e = &t->entries[N[node].ix];
         if (e->tag >= N_RESIDENT || e->ref < 0)
             break;
-    }
-    PyObject *res = PyLong_FromSsize_t(found);
-    if (res == NULL) {
-        if (order != small)
-            PyMem_Free(order);
-        t->in_call = 0;
-        return NULL;
+        t->window_found++;
     }
     /* phase 2: every use leaves its queue (prev -2: the last one, which
        emptied it) */
@@ -3155,7 +3148,7 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         t->tbase++;
     window_shrink(t);
     tbl_shrink(t);
-    return leave(t, NULL, NULL, res);
+    return leave(t, NULL, NULL, Py_NewRef(Py_None));
 }
 
 static PyObject *
@@ -3520,8 +3513,7 @@ static PyMethodDef BT_methods[] = {
     {"hint", (PyCFunction)BT_hint, METH_O,
      "hint(hashes) -> int: a hinted request joins the window; returns its ticket."},
     {"unhint", (PyCFunction)BT_unhint, METH_O,
-     "unhint(ticket) -> int: the hinted request leaves the window; returns how many of\n"
-     "its leading hashes were resident and ready."},
+     "unhint(ticket): the hinted request leaves the window."},
     {"next_uses", (PyCFunction)BT_next_uses, METH_O,
      "next_uses(hashes) -> list[int]: the key of each one's next hinted use, -1 if none."},
     {"farthest", (PyCFunction)BT_farthest, METH_O,
@@ -3550,6 +3542,8 @@ static PyMemberDef BT_members[] = {
      "resident entries with a use in the window"},
     {"holds", T_PYSSIZET, offsetof(BlockTable, holds), READONLY,
      "times an entry was held for a hinted use (a statistic)"},
+    {"window_found", T_PYSSIZET, offsetof(BlockTable, window_found), READONLY,
+     "leading hashes of the requests unhinted that were resident and ready then"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -99,6 +99,7 @@ class PolicyOffloadingManager(OffloadingManager):
         self._table = BlockTable()
         self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
         self._policy.seed([])
+        self._hook(self._policy)
         self.event_log: EventLog | None = EventLog(event_log_capacity) if enable_events else None
         self._block_size = backend.block_size
         self._medium = backend.medium
@@ -119,6 +120,11 @@ class PolicyOffloadingManager(OffloadingManager):
         self._retired_ghost_hits: dict[str, int] = {}
         self._retired_evictions: dict[str, int] = {}
         self._policy_switches = 0
+
+    def _hook(self, policy: EvictionPolicy) -> None:
+        """Ask the policy to admit stores only if it may decline some: the
+        hot path of the others stays as it was."""
+        self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
 
     # -- introspection ----------------------------------------------------
 
@@ -204,13 +210,24 @@ class PolicyOffloadingManager(OffloadingManager):
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         """Allocate blocks for the hashes not yet present (each once, in
         order), evicting unpinned ready blocks not named in this call if
-        needed. Returns ``None``, with nothing changed, if there is no room."""
+        needed. Returns ``None``, with nothing changed, if there is no room.
+
+        A policy may decline part of a store that would evict
+        (:meth:`~kvoffload.policies.EvictionPolicy.admit`; ``hkvarc`` does,
+        with hints): then ``block_hashes_to_store`` is the prefix of the
+        absent hashes it keeps, and only those may be completed."""
         # Ordered dedupe; doubles as the protected set (defects 5 and 6).
         named = dict.fromkeys(block_hashes)
         table = self._table
         to_store = table.absent(named)
+        absent = len(to_store)
         backend = self.backend
-        n_evict = len(to_store) - backend.get_num_free_blocks()
+        n_evict = absent - backend.get_num_free_blocks()
+        if n_evict > 0 and self._admit is not None:
+            keep = self._admit(to_store, n_evict, named)
+            if keep < absent:
+                to_store = to_store[:keep]
+                n_evict -= absent - keep
         evicted: list[BlockHash] = []
         if n_evict > 0:
             # More than the unpinned ready blocks: no room, known without a
@@ -230,9 +247,8 @@ class PolicyOffloadingManager(OffloadingManager):
                 log.append("removed", evicted, self._block_size, self._medium, left)
         handles = backend.allocate_handles(to_store)
         self._policy.insert(to_store, handles)
-        n = len(to_store)
-        self._store_prepared += n
-        self._skipped_present += len(named) - n
+        self._store_prepared += len(to_store)
+        self._skipped_present += len(named) - absent
         return PrepareStoreOutput(
             block_hashes_to_store=to_store,
             store_spec=backend.get_handles_spec(to_store, handles),
@@ -336,6 +352,7 @@ class PolicyOffloadingManager(OffloadingManager):
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)
         self._policy = new
+        self._hook(new)
         self._policy_switches += 1
         if self.event_log is not None:
             self.event_log.append("policy_switched", detail={"from": old.name, "to": new.name})

@@ -147,6 +147,7 @@ class PyBlockTable:
         self.window_uses = 0
         self.window_resident = 0
         self.holds = 0
+        self.window_found = 0
         #: hint order: hinted resident entries are held out of their tag's order
         self._hold = False
         #: per resident tag: the held entries (hash -> handle)
@@ -382,11 +383,11 @@ class PyBlockTable:
         self.window_uses += len(hashes)
         return ticket
 
-    def unhint(self, ticket: int, /) -> int:
+    def unhint(self, ticket: int, /) -> None:
         if type(ticket) is not int or ticket not in self._tickets:
             raise KeyError(ticket)
         hashes = self._tickets.pop(ticket)
-        found = self.lookup(hashes)
+        self.window_found += self.lookup(hashes)
         uses, tags = self._uses, self._tag
         base = ticket * USE_STRIDE
         for p, h in enumerate(hashes):
@@ -409,7 +410,6 @@ class PyBlockTable:
                 self.window_resident -= 1
                 if held:
                     self._main[tag][h] = self._detach(h, tag)
-        return found
 
     def next_uses(self, hashes: Iterable[Key], /) -> list[int]:
         get = self._uses.get

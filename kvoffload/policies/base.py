@@ -14,7 +14,7 @@ a policy; ``docs/block-table.md`` says what the table does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Container, Sequence
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -112,6 +112,22 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         """Remove and return ``n`` evictable blocks, or ``None`` (no change)."""
+
+    def admit(
+        self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
+    ) -> int:
+        """How many of ``block_hashes`` (the absent hashes of a
+        ``prepare_store`` call, in order) to store, the rest declined; asked
+        only when storing all of them would evict ``n_evict >= 1`` blocks
+        (``protected``: every hash the call names). Storing a prefix keeps
+        a chain a chain. Changes nothing but the policy's own counters.
+
+        The default stores everything, and the manager does not even ask a
+        policy that keeps it. A policy that declines makes ``prepare_store``
+        return the prefix it keeps as ``block_hashes_to_store`` (callers
+        complete those only, as vLLM's do).
+        """
+        return len(block_hashes)
 
     def evict_from(
         self,

@@ -59,6 +59,7 @@ EXPORTS = {
     ],
     "kvoffload.policies.arc": ["B1", "B2", "T1", "T2", "ARCList", "ARCPolicy", "TwoListPolicy"],
     "kvoffload.policies.base": ["EvictionPolicy", "Victims"],
+    "kvoffload.policies.hkvarc": ["HKVARCPolicy"],
     "kvoffload.policies.kvarc": ["GHOST_FACTOR", "KVARCPolicy"],
     "kvoffload.policies.lru": ["LRU", "LRUList", "LRUPolicy"],
     "kvoffload.replay": [
