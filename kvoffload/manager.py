@@ -119,6 +119,8 @@ class PolicyOffloadingManager(OffloadingManager):
         # counts of the policies switched away from (the current one keeps its own)
         self._retired_ghost_hits: dict[str, int] = {}
         self._retired_evictions: dict[str, int] = {}
+        #: each former policy's own counts, by policy name
+        self._retired_counts: dict[str, dict[str, int]] = {}
         self._policy_switches = 0
 
     def _hook(self, policy: EvictionPolicy) -> None:
@@ -347,10 +349,12 @@ class PolicyOffloadingManager(OffloadingManager):
         old = self._policy
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
+        old_counts = old.counters()  # before the table forgets the policy
         table.forget_policy()  # its ghosts and touch rules
         new.seed(items)
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)
+        _add_counts(self._retired_counts.setdefault(old.name, {}), old_counts)
         self._policy = new
         self._hook(new)
         self._policy_switches += 1
@@ -430,7 +434,9 @@ class PolicyOffloadingManager(OffloadingManager):
                 blocks=table.window_keys,
                 resident=table.window_resident,
             ),
-            policy_counters=MappingProxyType(policy.counters()),
+            policy_counters=MappingProxyType(
+                _add_counts(dict(self._retired_counts.get(policy.name, {})), policy.counters())
+            ),
         )
 
 

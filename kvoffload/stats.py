@@ -85,8 +85,9 @@ class ManagerStats:
     ghost_list_names: frozenset[str] = frozenset()
     #: the hint window (kept by the manager whatever the policy)
     window: WindowStats = _EMPTY_WINDOW
-    #: the current policy's own monotonic counters since it became the
-    #: policy (e.g. hkvarc's ``redirected``); empty for lru, arc, kvarc
+    #: the current policy's own counts since the manager was made, summed
+    #: over every time it was the policy (e.g. hkvarc's ``redirected``), so
+    #: they never go down; empty for lru, arc, kvarc
     policy_counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
