@@ -27,6 +27,8 @@ class Seen:
 
     waiting: list[list[tuple[str, int]]] = field(default_factory=list)
     window: list[Any] = field(default_factory=list)
+    #: the policy's own counts
+    counts: list[dict[str, int]] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -39,7 +41,9 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[Seen]:
     def recorded(self: Any) -> None:
         hint(self)
         record.waiting.append([(r.request_id, len(r.block_hashes) // FACTOR) for r in self.waiting])
-        record.window.append(self._manager.stats().window)
+        stats = self._manager.stats()
+        record.window.append(stats.window)
+        record.counts.append(dict(stats.policy_counters))
 
     monkeypatch.setattr(HintingScheduler, "_hint_waiting", recorded)
     yield record
@@ -81,9 +85,15 @@ def test_the_window_is_vllms_waiting_queue_at_every_step(model_dir: Path, seen: 
     assert seen.window[-1].requests == seen.window[-1].uses == 0
 
 
-def test_hints_change_no_output(model_dir: Path) -> None:
-    extra = {"num_cpu_blocks": 256, "block_size": 64, "eviction_policy": "lru"}
-    assert generate(model_dir, extra, SCHEDULER) == generate(model_dir, extra, None)
+@pytest.mark.parametrize("policy", ["lru", "hkvarc"])
+def test_hints_change_no_output(model_dir: Path, seen: Seen, policy: str) -> None:
+    # 40 offloaded blocks of CPU tier for 12 requests of 4: hkvarc must choose
+    extra = {"num_cpu_blocks": 40, "block_size": 64, "eviction_policy": policy}
+    hinted = generate(model_dir, extra, SCHEDULER)
+    assert max(w.requests for w in seen.window) > 0
+    if policy == "hkvarc":  # it held hinted blocks out of kvarc's order
+        assert seen.counts[-1]["deferred"] > 0
+    assert hinted == generate(model_dir, extra, None)
 
 
 def test_without_kvoffloads_spec_the_scheduler_refuses_to_start(model_dir: Path) -> None:
