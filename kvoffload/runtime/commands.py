@@ -10,6 +10,16 @@ from typing import Literal
 
 from kvoffload.errors import KVOffloadError
 
+__all__ = [
+    "Command",
+    "CommandKind",
+    "CommandResult",
+    "EngineStoppedError",
+    "UnsupportedCommandError",
+    "VersionConflictError",
+    "check_version",
+]
+
 CommandKind = Literal["switch_policy", "pause", "resume", "reset"]
 
 

@@ -17,6 +17,8 @@ from kvoffload.abstract import BlockHash
 from kvoffload.errors import ConfigError
 from kvoffload.transfer.layout import Layout
 
+__all__ = ["GPUKVStore", "block_pattern", "hash_seed"]
+
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 

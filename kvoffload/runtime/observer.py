@@ -14,6 +14,8 @@ from typing import Literal
 
 from kvoffload.runtime.commands import CommandResult
 
+__all__ = ["Direction", "EngineObserver", "RequestRecord", "TransferRecord"]
+
 Direction = Literal["store", "load"]
 
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from kvoffload.runtime.commands import CommandKind, CommandResult
 from kvoffload.stats import ManagerStats
 
+__all__ = ["EngineSnapshot", "EngineState", "RuntimeStats"]
+
 EngineState = Literal["created", "running", "paused", "finished", "stopped"]
 
 _NO_COMMANDS: Mapping[CommandKind, CommandResult] = MappingProxyType({})

@@ -49,6 +49,7 @@ __all__ = [
     "Direction",
     "PartialCPULoadStoreSpec",
     "TransferPlan",
+    "admit_job",
     "consecutive_runs",
     "expand_block_ids",
     "plan_copy",

@@ -8,6 +8,14 @@ from abc import ABC, abstractmethod
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import TransferError
 
+__all__ = [
+    "OffloadingHandler",
+    "OffloadingWorker",
+    "TransferResult",
+    "TransferSpec",
+    "TransferType",
+]
+
 logger = logging.getLogger(__name__)
 
 #: ``(src_spec, dst_spec)``: copy the blocks named by src into those named by dst.

@@ -15,6 +15,15 @@ from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.policies import available_policies, policy_class
 from kvoffload.spec import OffloadingConfig, _positive_int
 
+__all__ = [
+    "EXTRA_CONFIG_KEYS",
+    "MAX_PORT",
+    "SPEC_MODULE_PATH",
+    "SPEC_NAME",
+    "admin_port",
+    "offloading_config",
+]
+
 SPEC_NAME = "KVOffloadSpec"
 SPEC_MODULE_PATH = "kvoffload.vllm"
 

@@ -30,6 +30,18 @@ if TYPE_CHECKING:
     from kvoffload.runtime.hosted import HostedManager
     from kvoffload.vllm.handler import ReportingHandler
 
+__all__ = [
+    "TransferListener",
+    "add_admin_server",
+    "add_handler",
+    "add_manager",
+    "add_transfer_listener",
+    "live_admin_servers",
+    "live_handlers",
+    "live_managers",
+    "report",
+]
+
 logger = logging.getLogger(__name__)
 
 TransferListener = Callable[[TransferRecord], None]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["KVOffloadSpec"]
 
 
-def attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, Any]:
+def _attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, Any]:
     """Each KV cache layer's attention backend, as vLLM's own ``cpu.py``
     finds it: the layer objects of the model, asked for their backend."""
     layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
@@ -108,7 +108,7 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
         attention backends (vLLM's CPU cache is ``(2, num_blocks, ...)``,
         which a shape alone cannot tell from blocks-first)."""
         if self._handler is None:
-            backends = attention_backends(self.vllm_config, list(kv_caches))
+            backends = _attention_backends(self.vllm_config, list(kv_caches))
             inner = self.kvoffload_spec.get_handler(kv_caches, backends)
             self._handler = ReportingHandler(inner)
             live.add_handler(self._handler, self.vllm_config)

@@ -96,7 +96,7 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
                 url, 'kvoffload_transfer_duration_seconds_count{direction="load"}'
             )
             seen["load_blocks_metric"] = metric(
-                url, 'kvoffload_transfer_blocks_total{direction="load"}'
+                url, 'kvoffload_transfer_gpu_blocks_total{direction="load"}'
             )
             seen["load_bucket_inf"] = metric(
                 url, 'kvoffload_transfer_duration_seconds_bucket{direction="load",le="+Inf"}'
