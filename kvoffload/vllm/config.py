@@ -16,11 +16,13 @@ from kvoffload.policies import available_policies, policy_class
 from kvoffload.spec import OffloadingConfig, _positive_int
 
 __all__ = [
+    "DEFAULT_LOOKAHEAD",
     "EXTRA_CONFIG_KEYS",
     "MAX_PORT",
     "SPEC_MODULE_PATH",
     "SPEC_NAME",
     "admin_port",
+    "lookahead",
     "offloading_config",
 ]
 
