@@ -123,7 +123,7 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def _hook(self, policy: EvictionPolicy) -> None:
         """Ask the policy to admit stores only if it may decline some: the
-        hot path of the others stays as it was."""
+        hot path of the others stays as it was (one test)."""
         self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
 
     # -- introspection ----------------------------------------------------
@@ -223,7 +223,13 @@ class PolicyOffloadingManager(OffloadingManager):
         absent = len(to_store)
         backend = self.backend
         n_evict = absent - backend.get_num_free_blocks()
-        if n_evict > 0 and self._admit is not None:
+        # The policy may decline blocks only when the victims would have to
+        # include blocks a waiting request uses (the others are too few).
+        if (
+            n_evict > 0
+            and self._admit is not None
+            and n_evict > len(table) - table.window_resident - (len(named) - absent)
+        ):
             keep = self._admit(to_store, n_evict, named)
             if keep < absent:
                 to_store = to_store[:keep]
