@@ -146,8 +146,11 @@ class WindowBeladyLRU(LRUPolicy):
         return None if picked is None else (picked[0], picked[1])
 
 
-if BASELINE not in available_policies():
-    register_policy(BASELINE, f"{__name__}:WindowBeladyLRU")
+def register_baseline() -> None:
+    """Make the baseline selectable by name in this process (the grid does;
+    importing this module does not, so it leaves the registry alone)."""
+    if BASELINE not in available_policies():
+        register_policy(BASELINE, f"{__name__}:WindowBeladyLRU")
 
 
 def load(name: str, limit: int | None = None) -> ReplayTrace:
@@ -201,6 +204,7 @@ class Cell:
 def grid(name: str, trace: ReplayTrace, ws: Sequence[int], *, whole: bool = True) -> list[Cell]:
     """The cells of one workload; ``whole``: the trace is not cut short, so
     the issue's published figures apply."""
+    register_baseline()
     cells = []
     for spec in CAPACITIES:
         capacity = parse_capacity(spec, trace.unique_blocks)

@@ -97,6 +97,8 @@ class PolicyOffloadingManager(OffloadingManager):
         if self.capacity <= 0:
             raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
         self._table = BlockTable()
+        if type(self).hint is PolicyOffloadingManager.hint:
+            self.hint = self._table.hint  # type: ignore[method-assign,assignment]  # no frame
         self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
         self._policy.seed([])
         self._hook(self._policy)
