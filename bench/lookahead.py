@@ -123,6 +123,10 @@ LISTED = {
 }
 #: hkvarc may trail kvarc by at most this at any W
 KVARC_SLACK = 0.005
+#: read literally, the issue also asks this much over the baseline wherever
+#: the baseline is more than ``BELOW_BELADY`` below Belady (W > 0); it lists
+#: only the cells above (``LISTED``), so the bench reports the rest apart
+MARGIN, BELOW_BELADY = 0.005, 0.01
 #: the issue's figures are rounded to 4 places
 ROUNDING = 0.00005
 
@@ -188,16 +192,21 @@ class Cell:
     def gap(self, ratio: float) -> float:
         return (ratio - self.lru) / (self.belady - self.lru) if self.belady > self.lru else 0.0
 
-    def checks(self) -> list[tuple[str, bool]]:
-        """(what, passed) of every target this cell has."""
-        out = [(f">= baseline {self.published:.4f}", self.hkvarc >= self.published - ROUNDING)]
+    def checks(self) -> list[tuple[str, bool, bool]]:
+        """(what, passed, a target the issue lists) of every check this cell has."""
+        out = [
+            (f">= baseline {self.published:.4f}", self.hkvarc >= self.published - ROUNDING, True)
+        ]
         if self.lookahead == 0:
-            out.append(("= kvarc", self.hits[0] == self.hits[1]))
+            out.append(("= kvarc", self.hits[0] == self.hits[1], True))
         else:
-            out.append((f">= kvarc-{KVARC_SLACK}", self.hkvarc >= self.kvarc - KVARC_SLACK))
+            out.append((f">= kvarc-{KVARC_SLACK}", self.hkvarc >= self.kvarc - KVARC_SLACK, True))
         listed = LISTED.get((self.workload, self.capacity, self.lookahead))
         if listed is not None:
-            out.append((f">= {listed:.4f} (listed)", self.hkvarc >= listed - ROUNDING))
+            out.append((f">= {listed:.4f} (listed)", self.hkvarc >= listed - ROUNDING, True))
+        elif self.lookahead and self.belady - self.published > BELOW_BELADY:
+            want = self.published + MARGIN
+            out.append((f">= {want:.4f} (literal)", self.hkvarc >= want - ROUNDING, False))
         return out
 
 
@@ -234,25 +243,29 @@ def grid(name: str, trace: ReplayTrace, ws: Sequence[int], *, whole: bool = True
     return cells
 
 
-def print_grid(cells: Sequence[Cell]) -> int:
-    """The cells as a table; returns how many targets failed."""
+def print_grid(cells: Sequence[Cell]) -> tuple[int, int]:
+    """The cells as a table; returns how many targets failed, and how many
+    literal-reading checks."""
     print(
         "| workload | cap | W | baseline | kvarc | hkvarc | Belady | gap closed | "
         "hkvarc - baseline | targets |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    failed = 0
+    failed = literal = 0
     for c in cells:
         checks = c.checks()
-        failed += sum(not ok for _, ok in checks)
-        verdict = ", ".join(("pass " if ok else "FAIL ") + what for what, ok in checks)
+        failed += sum(not ok for _, ok, hard in checks if hard)
+        literal += sum(not ok for _, ok, hard in checks if not hard)
+        verdict = ", ".join(
+            ("pass " if ok else "FAIL " if hard else "short ") + what for what, ok, hard in checks
+        )
         print(
             f"| {c.workload} | {c.capacity} | {c.lookahead} | {c.baseline:.4f} | {c.kvarc:.4f} | "
             f"{c.hkvarc:.4f} | {c.belady:.4f} | {c.gap(c.hkvarc):.0%} ({c.gap(c.baseline):.0%}) | "
             f"{c.hkvarc - c.published:+.4f} | {verdict} |",
             flush=True,
         )
-    return failed
+    return failed, literal
 
 
 # -- speed --------------------------------------------------------------------------
@@ -348,14 +361,13 @@ def main() -> int:
     limit = 1500 if args.quick else None
     ws = (0, 32) if args.quick else WS
     traces = {name: load(name, limit) for name in names}
-    failed = 0
     if not args.no_grid:
         print("== grid: prefix hit ratio with the next W requests hinted\n")
         cells = [
             c for name, trace in traces.items() for c in grid(name, trace, ws, whole=limit is None)
         ]
-        failed = print_grid(cells)
-        print(f"\ntargets failed: {failed}")
+        failed, literal = print_grid(cells)
+        print(f"\ntargets failed: {failed}; short of the literal +{MARGIN} reading: {literal}")
     if not args.no_speed:
         print(
             "\n== speed: block ops/s (best of "
