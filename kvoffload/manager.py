@@ -125,7 +125,7 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def _hook(self, policy: EvictionPolicy) -> None:
         """Ask the policy to admit stores only if it may decline some: the
-        hot path of the others stays as it was (one test)."""
+        hot path of the others gains one ``is None`` test."""
         self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
 
     # -- introspection ----------------------------------------------------

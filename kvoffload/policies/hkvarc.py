@@ -78,7 +78,8 @@ class HKVARCPolicy(KVARCPolicy):
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         """kvarc's eviction (T1 down to its target, then T2, then T1), then
-        the held blocks, farthest next use first."""
+        the held blocks, farthest next use first. kvarc's steps are written
+        out here rather than called: one Python frame per eviction."""
         table = self.table
         first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
         # Every hinted resident block is held (and every resident block is

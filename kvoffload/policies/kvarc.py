@@ -87,6 +87,15 @@ class KVARCPolicy(TwoListPolicy):
     # when stored again, not when touched.
     touch_rules = TouchRules(ready={T1: T2}, in_flight={T1: STAY})
 
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        super().__init__(capacity, table)
+        # Each ghost list keeps at least `bound` hashes; it is trimmed back to
+        # that once an eviction leaves it with more than twice as many. No
+        # list can get there before `_slack` more victims: the lists are
+        # looked at only then.
+        self._bound = GHOST_FACTOR * capacity
+        self._slack = 0
+
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         # head most recent (the chain's tail is evicted first), ghosts to T2,
         # a tail that was no ghost to T1's cold end: one table call
@@ -106,15 +115,6 @@ class KVARCPolicy(TwoListPolicy):
         self.target_t1_size = min(float(self.capacity), max(0.0, target))
         self.ghost_hits["b1"] += hit1
         self.ghost_hits["b2"] += hit2
-
-    def __init__(self, capacity: int, table: BlockTable) -> None:
-        super().__init__(capacity, table)
-        # Each ghost list keeps at least `bound` hashes; it is trimmed back to
-        # that once an eviction leaves it with more than twice as many. No
-        # list can get there before `_slack` more victims: the lists are
-        # looked at only then.
-        self._bound = GHOST_FACTOR * capacity
-        self._slack = 0
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         # T1 down to its target once the n blocks being stored join it,
