@@ -33,7 +33,11 @@
  * while the window holds a use). So `unhint` finds every use through its
  * ticket without hashing, and removes each in O(1) in any order. A hinted
  * hash without another entry has a *hint-only* entry on list HINT_ONLY,
- * which no other method sees. With hint order on, hinted resident entries
+ * which no other method sees. When its last use leaves, the entry moves to
+ * list STALE, as invisible and no longer hinted, and is freed at the next
+ * `unhint` (or when the window empties): the request that just left is
+ * usually served next, and its store makes the entry resident instead of
+ * freeing it and making a new one. With hint order on, hinted resident entries
  * are *held*: records of the table's `held` array, kept like the entries
  * set aside (ready ones in a heap, busy ones after it) with minus the key
  * of their next use as stamp, so the farthest next use comes first; an
@@ -79,7 +83,9 @@
 #define N_TAGS 8
 /* the list of hint-only entries: hinted hashes with no other entry */
 #define HINT_ONLY N_TAGS
-#define N_LISTS (N_TAGS + 1)
+/* entries that were hint-only until the last unhint (freed at the next) */
+#define STALE (N_TAGS + 1)
+#define N_LISTS (N_TAGS + 2)
 /* the key of a hinted use: ticket * USE_STRIDE + min(position, USE_STRIDE - 1) */
 #define USE_STRIDE (INT64_C(1) << 24)
 #define MAX_TICKET (INT64_C(1) << 39)
@@ -99,7 +105,7 @@ typedef struct {
     int32_t prev;     /* list neighbours, -1 at the ends (set aside: its */
     int32_t next;     /* record's position); a free slot: the next free slot */
     int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned */
-    uint8_t tag;      /* 0..3 resident, 4..7 ghost, HINT_ONLY */
+    uint8_t tag;      /* 0..3 resident, 4..7 ghost, HINT_ONLY, STALE */
     uint8_t place;    /* IN_LINE, SET_ASIDE or HELD (resident only) */
 } Entry;
 
@@ -1321,7 +1327,7 @@ BT_tag_of(BlockTable *t, PyObject *key)
     t->in_call = 0;
     if (ix == -2)
         return NULL;
-    return PyLong_FromLong(ix < 0 || t->entries[ix].tag == HINT_ONLY ? -1 : t->entries[ix].tag);
+    return PyLong_FromLong(ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag);
 }
 
 static PyObject *
@@ -1349,7 +1355,7 @@ BT_tags(BlockTable *t, PyObject *hashes)
             goto done;
         }
         int32_t ix = b.v[i].ix;
-        int tag = ix < 0 || t->entries[ix].tag == HINT_ONLY ? -1 : t->entries[ix].tag;
+        int tag = ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag;
         /* -1..7 are cached small ints: this cannot fail */
         PyList_SET_ITEM(out, i, PyLong_FromLong(tag));
     }
@@ -1864,18 +1870,18 @@ BT_insert_chain(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject
     Py_ssize_t nmet = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int32_t ix = b.v[i].ix;
-        int ghost = ix >= 0 && t->entries[ix].tag != HINT_ONLY;
+        int ghost = ix >= 0 && t->entries[ix].tag < N_TAGS;
         b.v[i].tag = ghost ? readmit : tag;
         nmet += ghost;
     }
     int32_t last = n > 0 ? b.v[0].ix : -1; /* the last hash */
-    int cold = n > 0 && (last < 0 || t->entries[last].tag == HINT_ONLY); /* no ghost */
+    int cold = n > 0 && (last < 0 || t->entries[last].tag >= N_TAGS); /* no ghost */
     PyObject *met = NULL;
     if (nmet > 0 && (met = PyList_New(nmet)) == NULL)
         goto fail;
     for (Py_ssize_t i = n - 1, k = 0; met != NULL && i >= 0; i--) {
         int32_t ix = b.v[i].ix;
-        if (ix >= 0 && t->entries[ix].tag != HINT_ONLY) /* cached small ints: cannot fail */
+        if (ix >= 0 && t->entries[ix].tag < N_TAGS) /* cached small ints: cannot fail */
             PyList_SET_ITEM(met, k++, PyLong_FromLong(t->entries[ix].tag));
     }
     if ((cold && aside_reserve(t, tag, 1) < 0) || insert_commit(t, &b, ghosts) < 0) {
@@ -2373,7 +2379,7 @@ BT_touch(BlockTable *t, PyObject *hashes)
         if (item_find(t, &b.v[i]) < 0)
             goto done;
         int32_t ix = b.v[i].ix;
-        hits += ix >= 0 && t->entries[ix].tag >= N_RESIDENT && t->entries[ix].tag != HINT_ONLY;
+        hits += ix >= 0 && t->entries[ix].tag >= N_RESIDENT && t->entries[ix].tag < N_TAGS;
     }
     PyObject *out = NULL;
     if (t->touch_ghosts && hits > 0) {
@@ -2391,7 +2397,7 @@ BT_touch(BlockTable *t, PyObject *hashes)
         int tag = e->tag;
         int dest;
         if (tag >= N_RESIDENT) {
-            if (out == NULL || tag == HINT_ONLY)
+            if (out == NULL || tag >= N_TAGS)
                 continue;
             list_unlink(t, ix);
             list_append(t, ix, tag);
@@ -3045,6 +3051,10 @@ BT_hint(BlockTable *t, PyObject *hashes)
             if (t->hold)
                 held_add(t, ix);
         }
+        else if (t->entries[ix].tag == STALE) { /* hinted again before it went */
+            list_unlink(t, ix);
+            list_append(t, ix, HINT_ONLY);
+        }
     }
     t->window_uses += n;
     res = ticket;
@@ -3055,6 +3065,20 @@ done:
 }
 
 #define SMALL_TICKET 64
+
+/* free the entries on list STALE (trash room reserved) */
+static void
+stale_flush(BlockTable *t)
+{
+    List *l = &t->lists[STALE];
+    while (l->head >= 0) {
+        int32_t ix = l->head;
+        list_unlink(t, ix);
+        index_del(t, ix);
+        trash_push(t, t->entries[ix].key);
+        entry_free(t, ix);
+    }
+}
 
 static PyObject *
 BT_unhint(BlockTable *t, PyObject *ticket)
@@ -3079,12 +3103,15 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         t->in_call = 0;
         return NULL;
     }
-    if (trash_reserve(t, n) < 0) {
+    /* the stale entries of the previous unhint go, and this one's too if
+       the window empties */
+    if (trash_reserve(t, n + t->lists[STALE].size) < 0) {
         if (order != small)
             PyMem_Free(order);
         t->in_call = 0;
         return NULL;
     }
+    stale_flush(t);
     /* what the request finds as it leaves: its leading uses whose entries
        are resident and ready */
     Node *N = t->nodes;
@@ -3128,11 +3155,9 @@ BT_unhint(BlockTable *t, PyObject *ticket)
             if (e->place == HELD)
                 held_release(t, ix);
         }
-        else if (e->tag == HINT_ONLY) {
+        else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
             list_unlink(t, ix);
-            index_del(t, ix);
-            trash_push(t, e->key);
-            entry_free(t, ix);
+            list_append(t, ix, STALE);
         }
     }
     for (k = 0; k < n; k++) {
@@ -3144,6 +3169,8 @@ BT_unhint(BlockTable *t, PyObject *ticket)
     slot->n = -1;
     t->window_requests--;
     t->window_uses -= n;
+    if (t->window_requests == 0)
+        stale_flush(t);
     while (t->tbase < t->tnext && t->ring[t->tbase & (t->rcap - 1)].n < 0)
         t->tbase++;
     window_shrink(t);
@@ -3302,6 +3329,8 @@ check_table(BlockTable *t)
                   L, (int)ix, e->tag, e->place);
             CHECK(L != HINT_ONLY || qhead_of(t, ix) >= 0, "hint-only entry %d has no use",
                   (int)ix);
+            CHECK(L != STALE || (qhead_of(t, ix) < 0 && t->window_requests > 0),
+                  "stale entry %d is hinted, or outlived the window", (int)ix);
             if (L < N_RESIDENT) {
                 CHECK(e->handle != NULL, "resident entry %d without a handle", (int)ix);
                 CHECK(e->ref >= -1, "entry %d has ref %d", (int)ix, (int)e->ref);

@@ -97,6 +97,8 @@ class PolicyOffloadingManager(OffloadingManager):
         if self.capacity <= 0:
             raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
         self._table = BlockTable()
+        if type(self).hint is PolicyOffloadingManager.hint:
+            self.hint = self._table.hint  # type: ignore[method-assign,assignment]  # no frame
         self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
         self._policy.seed([])
         self._hook(self._policy)
@@ -125,7 +127,7 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def _hook(self, policy: EvictionPolicy) -> None:
         """Ask the policy to admit stores only if it may decline some: the
-        hot path of the others stays as it was."""
+        hot path of the others gains one ``is None`` test."""
         self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
 
     # -- introspection ----------------------------------------------------
@@ -225,7 +227,13 @@ class PolicyOffloadingManager(OffloadingManager):
         absent = len(to_store)
         backend = self.backend
         n_evict = absent - backend.get_num_free_blocks()
-        if n_evict > 0 and self._admit is not None:
+        # The policy may decline blocks only when the victims would have to
+        # include blocks a waiting request uses (the others are too few).
+        if (
+            n_evict > 0
+            and self._admit is not None
+            and n_evict > len(table) - table.window_resident - (len(named) - absent)
+        ):
             keep = self._admit(to_store, n_evict, named)
             if keep < absent:
                 to_store = to_store[:keep]

@@ -17,7 +17,7 @@ __all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats", "Wi
 
 #: outcomes of blocks named in ``prepare_store`` / ``complete_store``
 STORE_OUTCOMES = ("stored", "skipped_present", "failed", "rejected_no_room")
-#: the lists of the ARC family (``arc``, ``kvarc``): resident T1, T2; ghosts B1, B2
+#: the lists of the ARC family (``arc``, ``kvarc``, ``hkvarc``): resident T1, T2; ghosts B1, B2
 ARC_LISTS = ("t1", "t2", "b1", "b2")
 
 
@@ -108,7 +108,8 @@ class ManagerStats:
     @property
     def arc_lists(self) -> dict[str, int] | None:
         """The sizes of :data:`ARC_LISTS`, ``None`` unless the policy keeps
-        all four (``arc``, ``kvarc``)."""
+        all four (``arc``, ``kvarc``, ``hkvarc``; hkvarc's ``t1``/``t2`` leave
+        out its held blocks, which it reports as ``h1``/``h2``)."""
         if not all(name in self.lists for name in ARC_LISTS):
             return None
         return {name: self.lists[name] for name in ARC_LISTS}

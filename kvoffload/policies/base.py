@@ -117,12 +117,16 @@ class EvictionPolicy(ABC):
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
     ) -> int:
         """How many of ``block_hashes`` (the absent hashes of a
-        ``prepare_store`` call, in order) to store, the rest declined; asked
-        only when storing all of them would evict ``n_evict >= 1`` blocks
-        (``protected``: every hash the call names). Storing a prefix keeps
-        a chain a chain. Changes nothing but the policy's own counters.
+        ``prepare_store`` call, in order) to store, the rest declined.
 
-        The default stores everything, and the manager does not even ask a
+        Asked only when storing all of them would evict ``n_evict >= 1``
+        blocks and the victims would have to include hinted ones: fewer
+        than ``n_evict`` resident blocks are neither used by a request in
+        the hint window nor named in the call (``protected``: every hash
+        the call names). Storing a prefix keeps a chain a chain. Changes
+        nothing but the policy's own counters.
+
+        The default stores everything, and the manager does not ask a
         policy that keeps it. A policy that declines makes ``prepare_store``
         return the prefix it keeps as ``block_hashes_to_store`` (callers
         complete those only, as vLLM's do).

@@ -76,10 +76,12 @@ class HKVARCPolicy(KVARCPolicy):
         self._holds_before, self._found_before = table.holds, table.window_found
         table.set_hint_order(True)
 
-    def _evict(self, n: int, protected: Container[BlockHash], first: int) -> Victims | None:
-        """kvarc's walk (``first`` from T1, then T2, then T1), then the
-        held blocks, farthest next use first."""
+    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
+        """kvarc's eviction (T1 down to its target, then T2, then T1), then
+        the held blocks, farthest next use first. kvarc's steps are written
+        out here rather than called: one Python frame per eviction."""
         table = self.table
+        first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
         # Every hinted resident block is held (and every resident block is
         # in T1 or T2), so the hinted ones that leave are the held victims;
         # B1 gains T1's victims and the held ones of class T1.
@@ -99,18 +101,19 @@ class HKVARCPolicy(KVARCPolicy):
             ev["h1"] += from_h1
             ev["h2"] += redirected - from_h1
             self._redirected += redirected
+        self._slack -= n
+        if self._slack < 0:
+            self._trim_ghosts()
         return hashes, handles
 
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
     ) -> int:
+        # asked when T1 and T2 in line (every hinted block is held) cannot
+        # give the room: the store would evict held blocks
         table = self.table
         if not table.window_requests:
-            return len(block_hashes)
-        # the resident blocks in T1/T2 in line: every hinted one is held
-        in_line = len(table) - table.window_resident
-        if in_line - (len(protected) - len(block_hashes)) >= n_evict:
-            return len(block_hashes)  # kvarc's lists can give the room
+            return len(block_hashes)  # never with no hints: kvarc's answer stands
         far = table.farthest(protected)
         keep = 0
         for key in table.next_uses(block_hashes):

@@ -66,7 +66,7 @@ from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2, TwoListPolicy
 from kvoffload.policies.base import Victims
-from kvoffload.table import STAY, TouchRules
+from kvoffload.table import STAY, BlockTable, TouchRules
 
 __all__ = ["GHOST_FACTOR", "KVARCPolicy"]
 
@@ -86,6 +86,15 @@ class KVARCPolicy(TwoListPolicy):
     # would undo the tail-first filing and the cold tail. Ghosts are counted
     # when stored again, not when touched.
     touch_rules = TouchRules(ready={T1: T2}, in_flight={T1: STAY})
+
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        super().__init__(capacity, table)
+        # Each ghost list keeps at least `bound` hashes; it is trimmed back to
+        # that once an eviction leaves it with more than twice as many. No
+        # list can get there before `_slack` more victims: the lists are
+        # looked at only then.
+        self._bound = GHOST_FACTOR * capacity
+        self._slack = 0
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         # head most recent (the chain's tail is evicted first), ghosts to T2,
@@ -114,10 +123,14 @@ class KVARCPolicy(TwoListPolicy):
         first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
         victims = self._evict(n, protected, first)
         if victims is not None:
-            # Each ghost list keeps at least `bound` hashes; trimmed in
-            # batches once it holds twice that.
-            bound = GHOST_FACTOR * self.capacity
-            for tag in (B1, B2):
-                if table.size(tag) > 2 * bound:
-                    table.trim(tag, bound)
+            self._slack -= n
+            if self._slack < 0:
+                self._trim_ghosts()
         return victims
+
+    def _trim_ghosts(self) -> None:
+        table, bound = self.table, self._bound
+        for tag in (B1, B2):
+            if table.size(tag) > 2 * bound:
+                table.trim(tag, bound)
+        self._slack = 2 * bound - max(table.size(B1), table.size(B2))
