@@ -81,8 +81,9 @@ class BlockCounts(_Response):
 
 
 class ARCState(_Response):
-    """The four lists of an ARC-family policy (arc, kvarc) and its adaptive
-    target for T1."""
+    """The four lists of an ARC-family policy (arc, kvarc, hkvarc) and its
+    adaptive target for T1; hkvarc's t1 and t2 are its blocks in line, its
+    held ones are h1 and h2 in ``lists``."""
 
     t1: int = Field(description="resident offloaded blocks seen once (recent)")
     t2: int = Field(description="resident offloaded blocks seen at least twice (frequent)")
@@ -208,11 +209,11 @@ class CacheView(_Response):
     )
     ghost_lists: dict[str, int] = Field(
         description="hashes of evicted offloaded blocks remembered in each ghost list of the "
-        "policy (no data; arc, kvarc)"
+        "policy (no data; arc, kvarc, hkvarc)"
     )
     arc: ARCState | None = Field(
         description="T1/T2/B1/B2 and target; null unless the policy is of the ARC family"
-        " (arc, kvarc)"
+        " (arc, kvarc, hkvarc)"
     )
     window: WindowView
     policy_counters: dict[str, int] = Field(

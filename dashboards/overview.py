@@ -261,8 +261,8 @@ def _occupancy() -> list[Panel]:
         ),
         timeseries_panel(
             "Ghost lists",
-            "Hashes of recently evicted offloaded blocks that the policy remembers (arc, kvarc:"
-            " B1, B2); they hold no data and are not part of the tier's blocks.",
+            "Hashes of recently evicted offloaded blocks that the policy remembers (arc, kvarc,"
+            " hkvarc: B1, B2); they hold no data and are not part of the tier's blocks.",
             "count:hashes",
             [
                 Query(

@@ -196,13 +196,13 @@ METRICS: tuple[MetricSpec, ...] = (
     _g(
         "kvoffload_arc_list_blocks",
         "Sizes of the ARC family's lists: t1 and t2 in resident offloaded blocks, b1 and b2 in "
-        "remembered hashes of evicted ones; present only while arc or kvarc is the policy.",
+        "remembered hashes of evicted ones; present only while arc, kvarc or hkvarc is the policy.",
         ("list",),
     ),
     _g(
         "kvoffload_arc_target_t1_blocks",
         "The ARC family's adaptive target size of list t1, in offloaded blocks; present only "
-        "while arc or kvarc is the policy.",
+        "while arc, kvarc or hkvarc is the policy.",
     ),
     _g(
         "kvoffload_policy_parameter",
