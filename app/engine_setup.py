@@ -39,6 +39,7 @@ def engine_config(settings: Settings) -> EngineConfig:
         kv_layout=settings.kv_layout,
         device=settings.device,
         max_requests_per_step=settings.max_requests_per_step,
+        max_waiting_requests=settings.max_waiting_requests,
         event_log_capacity=settings.event_log_capacity,
         speed=settings.speed or None,
         inject_failure_rate=settings.inject_failure_rate,

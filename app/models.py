@@ -40,6 +40,7 @@ __all__ = [
     "PolicyView",
     "ResetRequest",
     "RuntimeCounters",
+    "WindowView",
 ]
 
 #: the most events one read, drain or page returns
@@ -80,8 +81,9 @@ class BlockCounts(_Response):
 
 
 class ARCState(_Response):
-    """The four lists of an ARC-family policy (arc, kvarc) and its adaptive
-    target for T1."""
+    """The four lists of an ARC-family policy (arc, kvarc, hkvarc) and its
+    adaptive target for T1; hkvarc's t1 and t2 are its blocks in line, its
+    held ones are h1 and h2 in ``lists``."""
 
     t1: int = Field(description="resident offloaded blocks seen once (recent)")
     t2: int = Field(description="resident offloaded blocks seen at least twice (frequent)")
@@ -172,6 +174,17 @@ class EventLogView(_Response):
         return cls.model_validate(s, from_attributes=True)
 
 
+class WindowView(_Response):
+    """The hint window: the requests waiting to be served that the manager
+    was told about (the runtime hints its whole waiting queue), whatever the
+    policy; ``hkvarc`` orders blocks by their next use in it."""
+
+    requests: int = Field(description="requests in the window (hinted, not served yet)")
+    uses: int = Field(description="offloaded block hashes they will use, repeats counted")
+    blocks: int = Field(description="distinct offloaded blocks they will use")
+    resident: int = Field(description="of those, the ones resident in the offload tier now")
+
+
 class CacheView(_Response):
     """The cache at one instant: every field comes from the same snapshot,
     except ``events``, the event log's counts when the answer was made."""
@@ -196,11 +209,17 @@ class CacheView(_Response):
     )
     ghost_lists: dict[str, int] = Field(
         description="hashes of evicted offloaded blocks remembered in each ghost list of the "
-        "policy (no data; arc, kvarc)"
+        "policy (no data; arc, kvarc, hkvarc)"
     )
     arc: ARCState | None = Field(
         description="T1/T2/B1/B2 and target; null unless the policy is of the ARC family"
-        " (arc, kvarc)"
+        " (arc, kvarc, hkvarc)"
+    )
+    window: WindowView
+    policy_counters: dict[str, int] = Field(
+        description="the policy's own counts since start, summed over every time it was the "
+        "policy (hkvarc: deferred, redirected, declined_blocks, hinted_hits; none for lru, arc, "
+        "kvarc), in offloaded blocks"
     )
     hit_ratio: float = Field(
         ge=0.0,
@@ -240,6 +259,8 @@ class CacheView(_Response):
             lists=m.resident_lists,
             ghost_lists=m.ghost_lists,
             arc=arc,
+            window=WindowView.model_validate(m.window, from_attributes=True),
+            policy_counters=dict(m.policy_counters),
             hit_ratio=m.hit_ratio,
             counters=CacheCounters.model_validate(m.counters, from_attributes=True),
             runtime=RuntimeCounters.model_validate(snap.runtime, from_attributes=True),

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     max_requests_per_step: PositiveInt = Field(
         default=4, description="requests scheduled per engine step"
     )
+    max_waiting_requests: PositiveInt = Field(
+        default=64,
+        description="requests that may wait to be served (at least max_requests_per_step): "
+        "the queue the engine hints to the manager, what hkvarc sees ahead",
+    )
     inject_failure_rate: float = Field(
         default=0.0,
         ge=0.0,

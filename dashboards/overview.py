@@ -261,8 +261,8 @@ def _occupancy() -> list[Panel]:
         ),
         timeseries_panel(
             "Ghost lists",
-            "Hashes of recently evicted offloaded blocks that the policy remembers (arc, kvarc:"
-            " B1, B2); they hold no data and are not part of the tier's blocks.",
+            "Hashes of recently evicted offloaded blocks that the policy remembers (arc, kvarc,"
+            " hkvarc: B1, B2); they hold no data and are not part of the tier's blocks.",
             "count:hashes",
             [
                 Query(
@@ -296,6 +296,46 @@ def _policy() -> list[Panel]:
             " target, a B2 hit shrinks it.",
             "count:hits/s",
             [Query(rate("kvoffload_ghost_hits_total", "list"), "{{list}}")],
+        ),
+    ]
+
+
+def _foresight() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Hint window: waiting requests",
+            "Requests that have arrived and wait to be served, hinted to the manager (the"
+            " runtime hints its whole waiting queue whatever the policy; hkvarc uses it).",
+            "count:requests",
+            [Query(total("kvoffload_hint_window_requests"), "waiting requests")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Hint window: blocks",
+            "Offloaded blocks the waiting requests will use: all of them (offloaded or not),"
+            " those resident in the offload tier now, and hkvarc's held lists h1 and h2 (the"
+            " resident hinted blocks it keeps out of kvarc's order, by the class they came from).",
+            "count:blocks",
+            [
+                Query(total("kvoffload_hint_window_blocks"), "hinted"),
+                Query(total("kvoffload_hint_window_resident_blocks"), "hinted and resident"),
+                Query(
+                    "sum by (list) ("
+                    + series("kvoffload_policy_list_blocks", regex={"list": "h1|h2"})
+                    + ")",
+                    "held {{list}}",
+                ),
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "Foresight decisions",
+            "What the policy did with the hints, per second (hkvarc): blocks deferred (taken"
+            " out of kvarc's order because a waiting request uses them), victims redirected to"
+            " held blocks (farthest next use first), stores declined, and hits on hinted blocks.",
+            "count:blocks/s",
+            [Query(rate("kvoffload_policy_counts_total", "policy, name"), "{{policy}} {{name}}")],
+            width=8,
         ),
     ]
 
@@ -422,6 +462,7 @@ ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
     ("Manager operations", _operations),
     ("Occupancy", _occupancy),
     ("Policy internals", _policy),
+    ("Foresight", _foresight),
     ("Transfers", _transfers),
     ("Engine", _engine),
     ("Event pipeline", _events),
@@ -448,7 +489,9 @@ def policy_switch_annotation() -> PrometheusAnnotation:
 
 def command_annotation() -> PrometheusAnnotation:
     """One marker per pause, resume and reset, at the moment it took effect."""
-    commands = series("kvoffload_command_timestamp_seconds", regex={"command": "pause|resume|reset"})
+    commands = series(
+        "kvoffload_command_timestamp_seconds", regex={"command": "pause|resume|reset"}
+    )
     return PrometheusAnnotation(
         "Pause, resume, reset",
         f"1000 * {commands}",

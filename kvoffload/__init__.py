@@ -22,6 +22,7 @@ from kvoffload.errors import (
     KVOffloadError,
     PolicyError,
     TransferError,
+    UnknownTicketError,
 )
 from kvoffload.event_log import EventLog, EventPage, EventRecord
 from kvoffload.factory import OffloadingSpecFactory
@@ -33,7 +34,7 @@ from kvoffload.manager import (
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.policies import EvictionPolicy, available_policies
 from kvoffload.spec import CPUOffloadingSpec, OffloadingConfig, OffloadingSpec
-from kvoffload.stats import ManagerCounters, ManagerStats
+from kvoffload.stats import ManagerCounters, ManagerStats, WindowStats
 from kvoffload.transfer.worker import (
     OffloadingHandler,
     OffloadingWorker,
@@ -79,6 +80,8 @@ __all__ = [
     "TransferError",
     "TransferResult",
     "TransferSpec",
+    "UnknownTicketError",
+    "WindowStats",
     "__version__",
     "available_policies",
 ]

@@ -25,6 +25,24 @@
  * O(log n) each and never looks at a busy one, and a busy entry that
  * becomes ready again is back in its place in vLLM's order in O(log n).
  *
+ * The hint window. A use (a hash of a hinted request) is a `Node` of a
+ * growable pool: on its ticket's chain (`tnext`, in position order; the
+ * ticket, in a ring indexed by its number, knows its first use and count)
+ * and on the circular doubly-linked queue of its entry's uses, ascending by
+ * key, whose first node is `qhead[entry]` (a parallel array, allocated
+ * while the window holds a use). So `unhint` finds every use through its
+ * ticket without hashing, and removes each in O(1) in any order. A hinted
+ * hash without another entry has a *hint-only* entry on list HINT_ONLY,
+ * which no other method sees. When its last use leaves, the entry moves to
+ * list STALE, as invisible and no longer hinted, and is freed at the next
+ * `unhint` (or when the window empties): the request that just left is
+ * usually served next, and its store makes the entry resident instead of
+ * freeing it and making a new one. With hint order on, hinted resident entries
+ * are *held*: records of the table's `held` array, kept like the entries
+ * set aside (ready ones in a heap, busy ones after it) with minus the key
+ * of their next use as stamp, so the farthest next use comes first; an
+ * entry's place (in line, set aside, held) is `Entry.place`.
+ *
  * The index is an open-addressing hash table of int32 entry numbers (-1:
  * empty), a power of two in size, linear probing from a Fibonacci hash of
  * the key's Python hash, load factor at most 0.5, deletion by backward
@@ -63,6 +81,14 @@
 
 #define N_RESIDENT 4
 #define N_TAGS 8
+/* the list of hint-only entries: hinted hashes with no other entry */
+#define HINT_ONLY N_TAGS
+/* entries that were hint-only until the last unhint (freed at the next) */
+#define STALE (N_TAGS + 1)
+#define N_LISTS (N_TAGS + 2)
+/* the key of a hinted use: ticket * USE_STRIDE + min(position, USE_STRIDE - 1) */
+#define USE_STRIDE (INT64_C(1) << 24)
+#define MAX_TICKET (INT64_C(1) << 39)
 #define MIN_CAP 8
 #define MIN_BITS 4
 #define MAX_ENTRIES (INT32_MAX - 1)
@@ -79,9 +105,13 @@ typedef struct {
     int32_t prev;     /* list neighbours, -1 at the ends (set aside: its */
     int32_t next;     /* record's position); a free slot: the next free slot */
     int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned */
-    uint8_t tag;      /* 0..3 resident, 4..7 ghost */
-    uint8_t aside;    /* set aside (not on its tag's list) */
+    uint8_t tag;      /* 0..3 resident, 4..7 ghost, HINT_ONLY, STALE */
+    uint8_t place;    /* IN_LINE, SET_ASIDE or HELD (resident only) */
 } Entry;
+
+/* where a resident entry is: on its tag's list, or a record of its tag's
+   `Aside` (set aside) or of the table's `held` (held for a hinted use) */
+enum { IN_LINE, SET_ASIDE, HELD };
 
 _Static_assert(sizeof(Entry) <= 40, "an Entry must stay within 40 bytes");
 
@@ -96,13 +126,31 @@ typedef struct {
     int32_t ix;
 } Rec;
 
-/* the entries set aside in one resident tag */
+/* the entries set aside in one resident tag, or the held entries of the
+   table (their stamp: minus the key of their next use, so farthest first) */
 typedef struct {
     Rec *v;        /* [0, ready): a min-heap by stamp; [ready, n): busy */
     int32_t n;
     int32_t ready;
     int32_t cap;
 } Aside;
+
+/* one use of a hash by a hinted request: on the circular, doubly linked
+   queue of its entry's uses (ascending keys; the entry's `qhead` is the
+   first) and on its ticket's chain (in position order) */
+typedef struct {
+    int64_t key;
+    int32_t ix;    /* the entry */
+    int32_t next;  /* queue neighbours; a free node: the next free node */
+    int32_t prev;
+    int32_t tnext; /* the ticket's next use, -1 at its end */
+} Node;
+
+/* a ticket in the window: its first use and how many it has (-1: gone) */
+typedef struct {
+    int32_t first;
+    int32_t n;
+} Ticket;
 
 typedef struct {
     PyObject_HEAD
@@ -118,8 +166,18 @@ typedef struct {
     Py_ssize_t pinned;
     Py_ssize_t in_flight;
     Py_ssize_t walked; /* entries evictions walked past (a statistic) */
-    List lists[N_TAGS];
+    List lists[N_LISTS];
     Aside aside[N_RESIDENT];
+    /* the hint window (docs/block-table.md); all NULL / 0 while empty */
+    int32_t *qhead;    /* per entry slot: its first use, -1: none */
+    Node *nodes;
+    int32_t ncap, ntop, nfree;
+    Ticket *ring;      /* tickets [tbase, tnext), at ticket & (rcap - 1) */
+    int64_t rcap, tbase, tnext;
+    Py_ssize_t window_requests, window_uses, window_keys, window_resident, holds, window_found;
+    Aside held;
+    Py_ssize_t held_n[N_RESIDENT], held_ready[N_RESIDENT];
+    char hold;         /* hint order: hinted resident entries are held */
     int64_t late;      /* the next stamp of an eviction (counts up) */
     int64_t early;     /* the next stamp of a move to the oldest end (down) */
     int8_t ready_to[N_RESIDENT];
@@ -238,7 +296,7 @@ as_seq(PyObject *obj)
 /* ------------------------------------------------------------------------ */
 /* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
 
-#define MAX_ARGS 7
+#define MAX_ARGS 8
 
 /* a method's arguments: the first `nreq` required, at most `npos`
    positional, the rest keyword-only */
@@ -448,7 +506,15 @@ tbl_reserve(BlockTable *t, Py_ssize_t k)
             PyErr_NoMemory();
             return -1;
         }
-        t->entries = ne;
+        t->entries = ne; /* larger than cap says until the queue heads grow too */
+        if (t->qhead != NULL) {
+            int32_t *nq = PyMem_Realloc(t->qhead, (size_t)nc * sizeof(int32_t));
+            if (nq == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            t->qhead = nq;
+        }
         t->cap = (int32_t)nc;
     }
     if ((size_t)need * 2 > ((size_t)1 << t->bits) * 1) {
@@ -472,7 +538,16 @@ entry_alloc(BlockTable *t)
         ix = t->top++;
     }
     t->used++;
+    if (t->qhead != NULL)
+        t->qhead[ix] = -1;
     return ix;
+}
+
+/* the first use of entry ix in the window, -1 if it has none (not hinted) */
+static inline int32_t
+qhead_of(BlockTable *t, int32_t ix)
+{
+    return t->qhead != NULL ? t->qhead[ix] : -1;
 }
 
 /* the slot only: the caller has unlinked it, taken it out of the index and
@@ -514,7 +589,7 @@ list_append(BlockTable *t, int32_t ix, int L)
     Entry *e = &E[ix];
     List *l = &t->lists[L];
     e->tag = (uint8_t)L;
-    e->aside = 0;
+    e->place = IN_LINE;
     e->next = -1;
     e->prev = l->tail;
     if (l->tail >= 0)
@@ -589,16 +664,25 @@ aside_reserve(BlockTable *t, int tag, Py_ssize_t k)
     return 0;
 }
 
-/* set the unlinked resident entry ix aside in tag `tag` (room reserved) */
-static void
-aside_add(BlockTable *t, int32_t ix, int tag, int64_t stamp)
+/* the records entry e (set aside or held) is in */
+static inline Aside *
+recs_of(BlockTable *t, Entry *e)
 {
-    Aside *A = &t->aside[tag];
+    return e->place == HELD ? &t->held : &t->aside[e->tag];
+}
+
+/* the unlinked resident entry ix joins records A as `place` (room reserved) */
+static void
+recs_add(BlockTable *t, Aside *A, int32_t ix, int64_t stamp, int place)
+{
     Entry *e = &t->entries[ix];
     Rec r = {stamp, ix};
-    e->tag = (uint8_t)tag;
-    e->aside = 1;
+    e->place = (uint8_t)place;
     e->next = -1;
+    if (place == HELD) {
+        t->held_n[e->tag]++;
+        t->held_ready[e->tag] += e->ref == 0;
+    }
     if (e->ref != 0) {
         rec_put(t, A, A->n++, r);
         return;
@@ -610,13 +694,24 @@ aside_add(BlockTable *t, int32_t ix, int tag, int64_t stamp)
     heap_up(t, A, A->ready - 1);
 }
 
-/* an entry set aside became busy (was ready): out of the heap */
+/* set the unlinked resident entry ix aside in tag `tag` (room reserved) */
+static inline void
+aside_add(BlockTable *t, int32_t ix, int tag, int64_t stamp)
+{
+    t->entries[ix].tag = (uint8_t)tag;
+    recs_add(t, &t->aside[tag], ix, stamp, SET_ASIDE);
+}
+
+/* an entry set aside or held became busy (was ready): out of the heap */
 static void
 aside_busy(BlockTable *t, int32_t ix)
 {
-    Aside *A = &t->aside[t->entries[ix].tag];
-    int32_t pos = t->entries[ix].prev, last = --A->ready;
+    Entry *e = &t->entries[ix];
+    Aside *A = recs_of(t, e);
+    int32_t pos = e->prev, last = --A->ready;
     Rec r = A->v[pos];
+    if (e->place == HELD)
+        t->held_ready[e->tag]--;
     if (pos != last) {
         rec_put(t, A, pos, A->v[last]);
         if (pos > 0 && A->v[(pos - 1) / 2].stamp > A->v[pos].stamp)
@@ -627,31 +722,36 @@ aside_busy(BlockTable *t, int32_t ix)
     rec_put(t, A, last, r); /* the first busy slot */
 }
 
-/* an entry set aside became ready (was busy): into the heap */
+/* an entry set aside or held became ready (was busy): into the heap */
 static void
 aside_ready(BlockTable *t, int32_t ix)
 {
-    Aside *A = &t->aside[t->entries[ix].tag];
-    int32_t pos = t->entries[ix].prev;
+    Entry *e = &t->entries[ix];
+    Aside *A = recs_of(t, e);
+    int32_t pos = e->prev;
     Rec r = A->v[pos];
+    if (e->place == HELD)
+        t->held_ready[e->tag]++;
     if (pos != A->ready)
         rec_put(t, A, pos, A->v[A->ready]);
     rec_put(t, A, A->ready++, r);
     heap_up(t, A, A->ready - 1);
 }
 
-/* take an entry set aside out of its tag's records */
+/* take an entry set aside or held out of its records */
 static void
 aside_remove(BlockTable *t, int32_t ix)
 {
     Entry *e = &t->entries[ix];
-    Aside *A = &t->aside[e->tag];
+    Aside *A = recs_of(t, e);
     if (e->prev < A->ready)
         aside_busy(t, ix);
     int32_t pos = e->prev, last = --A->n;
     if (pos != last)
         rec_put(t, A, pos, A->v[last]);
-    e->aside = 0;
+    if (e->place == HELD)
+        t->held_n[e->tag]--;
+    e->place = IN_LINE;
     e->prev = -1;
 }
 
@@ -659,18 +759,97 @@ aside_remove(BlockTable *t, int32_t ix)
 static inline void
 entry_detach(BlockTable *t, int32_t ix)
 {
-    if (t->entries[ix].aside)
+    if (t->entries[ix].place != IN_LINE)
         aside_remove(t, ix);
     else
         list_unlink(t, ix);
+}
+
+/* ------------------------------------------------------------------------ */
+/* held entries                                                             */
+
+/* room for k more held records */
+static int
+held_reserve(BlockTable *t, Py_ssize_t k)
+{
+    Aside *A = &t->held;
+    if (k <= (Py_ssize_t)A->cap - A->n)
+        return 0;
+    Py_ssize_t nc = (Py_ssize_t)A->cap * 2;
+    if (nc < A->n + k)
+        nc = A->n + k;
+    if (nc < MIN_ASIDE)
+        nc = MIN_ASIDE;
+    Rec *nv = nc <= MAX_ENTRIES ? PyMem_Realloc(A->v, (size_t)nc * sizeof(Rec)) : NULL;
+    if (nv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    A->v = nv;
+    A->cap = (int32_t)nc;
+    return 0;
+}
+
+/* the held stamp of hinted entry ix: farthest next use first */
+static inline int64_t
+held_stamp(BlockTable *t, int32_t ix)
+{
+    return -t->nodes[t->qhead[ix]].key;
+}
+
+/* the hinted resident entry ix leaves its place to be held (room reserved) */
+static void
+held_add(BlockTable *t, int32_t ix)
+{
+    entry_detach(t, ix);
+    recs_add(t, &t->held, ix, held_stamp(t, ix), HELD);
+    t->holds++;
+}
+
+/* a held entry rejoins its tag's order at the most recent end */
+static void
+held_release(BlockTable *t, int32_t ix)
+{
+    aside_remove(t, ix);
+    list_append(t, ix, t->entries[ix].tag);
+}
+
+/* the held entry ix is of tag `tag` now, in the same place */
+static void
+held_retag(BlockTable *t, int32_t ix, int tag)
+{
+    Entry *e = &t->entries[ix];
+    t->held_n[e->tag]--;
+    t->held_n[tag]++;
+    if (e->ref == 0) {
+        t->held_ready[e->tag]--;
+        t->held_ready[tag]++;
+    }
+    e->tag = (uint8_t)tag;
+}
+
+/* the next use of the held entry ix may have moved on: its place follows */
+static void
+held_restamp(BlockTable *t, int32_t ix)
+{
+    Aside *A = &t->held;
+    int32_t pos = t->entries[ix].prev;
+    int64_t stamp = held_stamp(t, ix);
+    if (A->v[pos].stamp == stamp)
+        return;
+    A->v[pos].stamp = stamp;
+    if (pos < A->ready) {
+        heap_up(t, A, pos);
+        heap_down(t, A, t->entries[ix].prev);
+    }
 }
 
 /* give back the memory of records no longer needed */
 static void
 aside_shrink(BlockTable *t)
 {
-    for (int tag = 0; tag < N_RESIDENT; tag++) {
-        Aside *A = &t->aside[tag];
+    for (int tag = 0; tag <= N_RESIDENT; tag++) {
+        Aside *A = tag < N_RESIDENT ? &t->aside[tag] : &t->held;
         if (A->n == 0 && A->cap > 0) {
             PyMem_Free(A->v);
             A->v = NULL;
@@ -687,9 +866,26 @@ aside_shrink(BlockTable *t)
     }
 }
 
+/* entry old is entry k of the new array: its queue head moves to nq[k] and
+   its uses name it */
+static inline void
+compact_uses(BlockTable *t, int32_t *nq, int32_t old, int32_t k)
+{
+    if (nq == NULL)
+        return;
+    int32_t head = nq[k] = t->qhead[old];
+    if (head < 0)
+        return;
+    int32_t node = head;
+    do {
+        t->nodes[node].ix = k;
+        node = t->nodes[node].next;
+    } while (node != head);
+}
+
 /* renumber the live entries into a new array of `newcap` slots (list by
-   list, so lists become runs, then the entries set aside) and rebuild the
-   index; nothing happens when memory is short */
+   list, so lists become runs, then the entries set aside, then the held
+   ones) and rebuild the index; nothing happens when memory is short */
 static void
 tbl_compact(BlockTable *t, int32_t newcap)
 {
@@ -697,14 +893,16 @@ tbl_compact(BlockTable *t, int32_t newcap)
     size_t size = (size_t)1 << bits;
     Entry *ne = PyMem_Malloc((size_t)newcap * sizeof(Entry));
     int32_t *ni = PyMem_Malloc(size * sizeof(int32_t));
-    if (ne == NULL || ni == NULL) {
+    int32_t *nq = t->qhead != NULL ? PyMem_Malloc((size_t)newcap * sizeof(int32_t)) : NULL;
+    if (ne == NULL || ni == NULL || (t->qhead != NULL && nq == NULL)) {
         PyMem_Free(ne);
         PyMem_Free(ni);
+        PyMem_Free(nq);
         return;
     }
     Entry *E = t->entries;
     int32_t k = 0;
-    for (int L = 0; L < N_TAGS; L++) {
+    for (int L = 0; L < N_LISTS; L++) {
         List *l = &t->lists[L];
         int32_t ix = l->head, prev = -1;
         if (ix < 0)
@@ -713,6 +911,7 @@ tbl_compact(BlockTable *t, int32_t newcap)
         while (ix >= 0) {
             int32_t nx = E[ix].next;
             ne[k] = E[ix];
+            compact_uses(t, nq, ix, k);
             ne[k].prev = prev;
             ne[k].next = -1;
             if (prev >= 0)
@@ -722,13 +921,20 @@ tbl_compact(BlockTable *t, int32_t newcap)
         }
         l->tail = prev;
     }
-    for (int tag = 0; tag < N_RESIDENT; tag++) {
-        Aside *A = &t->aside[tag];
+    for (int tag = 0; tag <= N_RESIDENT; tag++) {
+        Aside *A = tag < N_RESIDENT ? &t->aside[tag] : &t->held;
         for (int32_t i = 0; i < A->n; i++) {
             ne[k] = E[A->v[i].ix];
+            compact_uses(t, nq, A->v[i].ix, k);
             ne[k].prev = i;
             A->v[i].ix = k++;
         }
+    }
+    if (nq != NULL) {
+        for (int32_t i = k; i < newcap; i++)
+            nq[i] = -1;
+        PyMem_Free(t->qhead);
+        t->qhead = nq;
     }
     PyMem_Free(E);
     t->entries = ne;
@@ -807,8 +1013,26 @@ trash_flush(BlockTable *t)
     }
 }
 
-/* a resident entry leaves the table: out of its list and the index, its
-   key to the trash (room reserved), its handle returned (a new reference) */
+/* an unlinked entry that is no longer resident or a ghost: a hinted one
+   stays as a hint-only entry, the others leave the index, their key to the
+   trash (room reserved) */
+static void
+entry_forget(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    e->handle = NULL;
+    e->ref = 0;
+    if (qhead_of(t, ix) >= 0) {
+        list_append(t, ix, HINT_ONLY);
+        return;
+    }
+    index_del(t, ix);
+    trash_push(t, e->key);
+    entry_free(t, ix);
+}
+
+/* a resident entry leaves: out of its order (and the index unless it is
+   hinted); its handle returned (a new reference) */
 static PyObject *
 drop_resident(BlockTable *t, int32_t ix)
 {
@@ -819,22 +1043,18 @@ drop_resident(BlockTable *t, int32_t ix)
     else if (e->ref < 0)
         t->in_flight--;
     t->resident--;
+    t->window_resident -= qhead_of(t, ix) >= 0;
     entry_detach(t, ix);
-    index_del(t, ix);
-    trash_push(t, e->key);
-    entry_free(t, ix);
+    entry_forget(t, ix);
     return handle;
 }
 
-/* a ghost leaves the table (trash room reserved) */
+/* a ghost leaves its list (trash room reserved) */
 static void
 drop_ghost(BlockTable *t, int32_t ix)
 {
-    Entry *e = &t->entries[ix];
     list_unlink(t, ix);
-    index_del(t, ix);
-    trash_push(t, e->key);
-    entry_free(t, ix);
+    entry_forget(t, ix);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -978,14 +1198,27 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->free_head = -1;
     t->bits = MIN_BITS;
     t->mask = size - 1;
-    for (int L = 0; L < N_TAGS; L++) {
+    for (int L = 0; L < N_LISTS; L++) {
         t->lists[L].head = t->lists[L].tail = -1;
         t->lists[L].size = 0;
     }
+    t->qhead = NULL;
+    t->nodes = NULL;
+    t->ncap = t->ntop = 0;
+    t->nfree = -1;
+    t->ring = NULL;
+    t->rcap = 0;
+    t->tbase = t->tnext = 1;
+    t->window_requests = t->window_uses = t->window_keys = t->window_resident = 0;
+    t->holds = t->window_found = 0;
+    t->held.v = NULL;
+    t->held.n = t->held.ready = t->held.cap = 0;
+    t->hold = 0;
     for (int i = 0; i < N_RESIDENT; i++) {
         t->aside[i].v = NULL;
         t->aside[i].n = t->aside[i].ready = t->aside[i].cap = 0;
         t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
+        t->held_n[i] = t->held_ready[i] = 0;
     }
     t->late = 0;
     t->early = -1;
@@ -1009,6 +1242,10 @@ BT_dealloc(BlockTable *t)
     PyMem_Free(t->trash);
     for (int i = 0; i < N_RESIDENT; i++)
         PyMem_Free(t->aside[i].v);
+    PyMem_Free(t->held.v);
+    PyMem_Free(t->qhead);
+    PyMem_Free(t->nodes);
+    PyMem_Free(t->ring);
     if (E != NULL) {
         for (int32_t i = 0; i < top; i++) {
             Py_XDECREF(E[i].key);
@@ -1090,7 +1327,7 @@ BT_tag_of(BlockTable *t, PyObject *key)
     t->in_call = 0;
     if (ix == -2)
         return NULL;
-    return PyLong_FromLong(ix < 0 ? -1 : t->entries[ix].tag);
+    return PyLong_FromLong(ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag);
 }
 
 static PyObject *
@@ -1118,8 +1355,9 @@ BT_tags(BlockTable *t, PyObject *hashes)
             goto done;
         }
         int32_t ix = b.v[i].ix;
+        int tag = ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag;
         /* -1..7 are cached small ints: this cannot fail */
-        PyList_SET_ITEM(out, i, PyLong_FromLong(ix < 0 ? -1 : t->entries[ix].tag));
+        PyList_SET_ITEM(out, i, PyLong_FromLong(tag));
     }
     res = out;
 done:
@@ -1134,7 +1372,8 @@ BT_size(BlockTable *t, PyObject *tag)
         return NULL;
     if (t->in_call)
         return reentered();
-    return PyLong_FromSsize_t(t->lists[tg].size + (tg < N_RESIDENT ? t->aside[tg].n : 0));
+    return PyLong_FromSsize_t(t->lists[tg].size +
+                              (tg < N_RESIDENT ? t->aside[tg].n + t->held_n[tg] : 0));
 }
 
 static PyObject *
@@ -1233,20 +1472,30 @@ list_of_tag(BlockTable *t, PyObject *tag, int pairs)
         return NULL;
     ENTER(t);
     Py_ssize_t na = tg < N_RESIDENT ? t->aside[tg].n : 0, k = 0;
+    Py_ssize_t nh = tg < N_RESIDENT ? t->held_n[tg] : 0;
     Rec *sorted = NULL;
     PyObject *out = NULL;
-    if (na > 0) {
-        sorted = PyMem_Malloc((size_t)na * sizeof(Rec));
+    if (na + nh > 0) {
+        sorted = PyMem_Malloc((size_t)(na + nh) * sizeof(Rec));
         if (sorted == NULL) {
             PyErr_NoMemory();
             goto done;
         }
-        memcpy(sorted, t->aside[tg].v, (size_t)na * sizeof(Rec));
-        qsort(sorted, (size_t)na, sizeof(Rec), by_stamp);
+        if (na > 0) {
+            memcpy(sorted, t->aside[tg].v, (size_t)na * sizeof(Rec));
+            qsort(sorted, (size_t)na, sizeof(Rec), by_stamp);
+        }
+        Py_ssize_t j = na;
+        for (int32_t i = 0; i < t->held.n && j < na + nh; i++) {
+            if (t->entries[t->held.v[i].ix].tag == tg)
+                sorted[j++] = t->held.v[i];
+        }
+        qsort(sorted + na, (size_t)nh, sizeof(Rec), by_stamp);
     }
-    out = PyList_New(na + t->lists[tg].size);
+    out = PyList_New(na + t->lists[tg].size + nh);
     if (out == NULL)
         goto done;
+    /* set aside by stamp, in line, held farthest next use first */
     for (Py_ssize_t i = 0; i < na; i++) {
         PyObject *o = item_of(&t->entries[sorted[i].ix], pairs);
         if (o == NULL)
@@ -1255,6 +1504,12 @@ list_of_tag(BlockTable *t, PyObject *tag, int pairs)
     }
     for (int32_t ix = t->lists[tg].head; ix >= 0; ix = t->entries[ix].next) {
         PyObject *o = item_of(&t->entries[ix], pairs);
+        if (o == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, k++, o);
+    }
+    for (Py_ssize_t i = na; i < na + nh; i++) {
+        PyObject *o = item_of(&t->entries[sorted[i].ix], pairs);
         if (o == NULL)
             goto fail;
         PyList_SET_ITEM(out, k++, o);
@@ -1287,6 +1542,10 @@ table_bytes(BlockTable *t)
     size_t bytes = (size_t)t->cap * sizeof(Entry) + ((size_t)1 << t->bits) * sizeof(int32_t);
     for (int i = 0; i < N_RESIDENT; i++)
         bytes += (size_t)t->aside[i].cap * sizeof(Rec);
+    bytes += (size_t)t->held.cap * sizeof(Rec) + (size_t)t->ncap * sizeof(Node) +
+             (size_t)t->rcap * sizeof(Ticket);
+    if (t->qhead != NULL)
+        bytes += (size_t)t->cap * sizeof(int32_t);
     return bytes;
 }
 
@@ -1338,8 +1597,10 @@ dupset_init(DupSet *s, Py_ssize_t n)
     return 0;
 }
 
+/* add item i, unless it equals an earlier item (1, with that item's
+   position in *first if first is not NULL); 0 added, -1 error */
 static int
-dupset_add(DupSet *s, Item *v, int32_t i)
+dupset_add(DupSet *s, Item *v, int32_t i, int32_t *first)
 {
     size_t k = home(v[i].hash, s->bits);
     for (;;) {
@@ -1350,11 +1611,149 @@ dupset_add(DupSet *s, Item *v, int32_t i)
         }
         if (v[j].hash == v[i].hash) {
             int r = keys_equal(v[j].key, v[i].key);
+            if (r > 0 && first != NULL)
+                *first = j;
             if (r != 0)
                 return r;
         }
         k = (k + 1) & s->mask;
     }
+}
+
+/* phase 1 of an insert: look every item up; ValueError(h) for the first
+   that is resident or repeats an earlier one. *ghosts: how many have a ghost
+   entry (which the new entry replaces) */
+static int
+insert_check(BlockTable *t, Items *b, Py_ssize_t *ghosts)
+{
+    Py_ssize_t n = b->n;
+    DupSet dup;
+    dup.slots = NULL;
+    int res = -1;
+    if (n > 8 && dupset_init(&dup, n) < 0)
+        return -1;
+    *ghosts = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b->v[i];
+        if (item_find(t, it) < 0)
+            goto done;
+        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
+            raise_key(PyExc_ValueError, it->key);
+            goto done;
+        }
+        int r = 0;
+        if (dup.slots != NULL) {
+            r = dupset_add(&dup, b->v, (int32_t)i, NULL);
+        }
+        else {
+            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
+                if (b->v[j].hash == it->hash)
+                    r = keys_equal(b->v[j].key, it->key);
+            }
+        }
+        if (r < 0)
+            goto done;
+        if (r > 0) {
+            raise_key(PyExc_ValueError, it->key);
+            goto done;
+        }
+        *ghosts += it->ix >= 0;
+    }
+    res = 0;
+done:
+    if (dup.slots != NULL && dup.slots != dup.small)
+        PyMem_Free(dup.slots);
+    return res;
+}
+
+/* make room for the checked items (-1 with MemoryError, nothing changed),
+   then phase 2: each becomes a resident entry in flight at the most recent
+   end of its item's tag, in order */
+static int
+insert_commit(BlockTable *t, Items *b, Py_ssize_t ghosts)
+{
+    Py_ssize_t n = b->n, hinted = 0;
+    for (Py_ssize_t i = 0; t->hold && i < n; i++)
+        hinted += b->v[i].ix >= 0 && qhead_of(t, b->v[i].ix) >= 0;
+    /* entry numbers found by insert_check stay valid: the array may move,
+       the index be rebuilt, but entries keep their numbers */
+    if (tbl_reserve(t, n - ghosts) < 0 || trash_reserve(t, ghosts) < 0 ||
+        held_reserve(t, hinted) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b->v[i];
+        int32_t ix = it->ix;
+        Entry *e;
+        if (ix >= 0) { /* a ghost (or a hint-only entry) becomes the new entry */
+            list_unlink(t, ix);
+            e = &t->entries[ix];
+            trash_push(t, e->key);
+            e->key = Py_NewRef(it->key);
+        }
+        else {
+            ix = entry_alloc(t);
+            e = &t->entries[ix];
+            e->key = Py_NewRef(it->key);
+            e->hash = it->hash;
+            index_put(t, ix);
+            it->ix = ix;
+        }
+        e->handle = Py_NewRef(it->obj);
+        e->ref = -1;
+        if (qhead_of(t, ix) < 0) {
+            list_append(t, ix, it->tag);
+            continue;
+        }
+        t->window_resident++;
+        if (t->hold) { /* in flight: held, among the busy records */
+            e->tag = (uint8_t)it->tag;
+            recs_add(t, &t->held, ix, held_stamp(t, ix), HELD);
+            t->holds++;
+        }
+        else {
+            list_append(t, ix, it->tag);
+        }
+    }
+    t->resident += n;
+    t->in_flight += n;
+    return 0;
+}
+
+/* `hashes` and `handles` of a call as exact lists or tuples of one length,
+   NULL with an exception otherwise */
+static int
+insert_args(PyObject *hashes, PyObject *handles, PyObject **hs, PyObject **hd)
+{
+    *hs = as_seq(hashes);
+    *hd = *hs == NULL ? NULL : as_seq(handles);
+    if (*hd == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(*hs);
+    if (n != PySequence_Fast_GET_SIZE(*hd)) {
+        PyErr_Format(PyExc_ValueError, "%zd hashes but %zd handles", n,
+                     PySequence_Fast_GET_SIZE(*hd));
+        return -1;
+    }
+    return 0;
+}
+
+/* the items of `hs` with their handles from `hd` (both of b->n items,
+   checked), in reverse order if `reverse` */
+static int
+insert_items(Items *b, PyObject *hs, PyObject *hd, int reverse)
+{
+    if (items_snapshot(b, hs) < 0)
+        return -1;
+    Py_ssize_t n = b->n;
+    PyObject **hsrc = PySequence_Fast_ITEMS(hd);
+    for (Py_ssize_t i = 0; i < n; i++)
+        b->v[i].obj = Py_NewRef(hsrc[i]);
+    for (Py_ssize_t i = 0; reverse && i < n / 2; i++) {
+        Item tmp = b->v[i];
+        b->v[i] = b->v[n - 1 - i];
+        b->v[n - 1 - i] = tmp;
+    }
+    return 0;
 }
 
 static PyObject *
@@ -1367,23 +1766,12 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
     PyObject *hs = NULL, *hd = NULL, *tg = NULL;
     Items b;
     items_init(&b);
-    DupSet dup;
-    dup.slots = NULL;
     PyObject *res = NULL;
     int entered = 0;
 
-    hs = as_seq(a[0]);
-    if (hs == NULL)
-        goto fail;
-    hd = as_seq(a[1]);
-    if (hd == NULL)
+    if (insert_args(a[0], a[1], &hs, &hd) < 0)
         goto fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(hs);
-    if (n != PySequence_Fast_GET_SIZE(hd)) {
-        PyErr_Format(PyExc_ValueError, "%zd hashes but %zd handles", n,
-                     PySequence_Fast_GET_SIZE(hd));
-        goto fail;
-    }
     int single = -1;
     if (PyLong_Check(a[2])) {
         if (resident_tag(a[2], &single) < 0)
@@ -1417,11 +1805,9 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         PyErr_SetString(PyExc_RuntimeError, "insert(): arguments changed size");
         goto fail;
     }
-    if (items_snapshot(&b, hs) < 0)
+    if (insert_items(&b, hs, hd, 0) < 0)
         goto fail;
-    PyObject **hsrc = PySequence_Fast_ITEMS(hd);
     for (Py_ssize_t i = 0; i < n; i++) {
-        b.v[i].obj = Py_NewRef(hsrc[i]);
         if (tg != NULL) {
             long v;
             (void)int_in(PyList_GET_ITEM(tg, i), 0, N_RESIDENT, &v);
@@ -1431,68 +1817,11 @@ BT_insert(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
             b.v[i].tag = single;
         }
     }
-    if (n > 8 && dupset_init(&dup, n) < 0)
+    Py_ssize_t ghosts;
+    if (insert_check(t, &b, &ghosts) < 0 || insert_commit(t, &b, ghosts) < 0)
         goto fail;
-    Py_ssize_t ghosts = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Item *it = &b.v[i];
-        if (item_find(t, it) < 0)
-            goto fail;
-        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
-            raise_key(PyExc_ValueError, it->key);
-            goto fail;
-        }
-        int r = 0;
-        if (dup.slots != NULL) {
-            r = dupset_add(&dup, b.v, (int32_t)i);
-        }
-        else {
-            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
-                if (b.v[j].hash == it->hash)
-                    r = keys_equal(b.v[j].key, it->key);
-            }
-        }
-        if (r < 0)
-            goto fail;
-        if (r > 0) {
-            raise_key(PyExc_ValueError, it->key);
-            goto fail;
-        }
-        ghosts += it->ix >= 0;
-    }
-    /* room for the new entries (entry numbers found above stay valid: the
-       array may move, the index be rebuilt, but entries keep their numbers) */
-    if (tbl_reserve(t, n - ghosts) < 0 || trash_reserve(t, ghosts) < 0)
-        goto fail;
-
-    /* phase 2: cannot fail */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Item *it = &b.v[i];
-        int32_t ix = it->ix;
-        Entry *e;
-        if (ix >= 0) { /* a ghost becomes the new entry */
-            list_unlink(t, ix);
-            e = &t->entries[ix];
-            trash_push(t, e->key);
-            e->key = Py_NewRef(it->key);
-        }
-        else {
-            ix = entry_alloc(t);
-            e = &t->entries[ix];
-            e->key = Py_NewRef(it->key);
-            e->hash = it->hash;
-            index_put(t, ix);
-        }
-        e->handle = Py_NewRef(it->obj);
-        e->ref = -1;
-        list_append(t, ix, it->tag);
-    }
-    t->resident += n;
-    t->in_flight += n;
     res = Py_NewRef(Py_None);
 fail:
-    if (dup.slots != dup.small)
-        PyMem_Free(dup.slots);
     if (entered) {
         res = leave(t, &b, hs, res);
     }
@@ -1502,6 +1831,79 @@ fail:
     }
     Py_XDECREF(hd);
     Py_XDECREF(tg);
+    return res;
+}
+
+static PyObject *
+BT_insert_chain(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static Sig sig = {
+        "insert_chain", {"hashes", "handles", "tag", "readmit"}, 4, 4, 4, {NULL}};
+    PyObject *a[4];
+    int tag, readmit;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0)
+        return NULL;
+    if (resident_tag(a[2], &tag) < 0 || resident_tag(a[3], &readmit) < 0)
+        return NULL;
+    PyObject *hs = NULL, *hd = NULL;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    int entered = 0;
+    if (insert_args(a[0], a[1], &hs, &hd) < 0)
+        goto fail;
+    if (t->in_call) {
+        reentered();
+        goto fail;
+    }
+    t->in_call = 1;
+    entered = 1;
+    /* insert(reversed(hashes), reversed(handles), tags): the head ends most
+       recent */
+    if (insert_items(&b, hs, hd, 1) < 0)
+        goto fail;
+    Py_ssize_t ghosts, n = b.n;
+    if (insert_check(t, &b, &ghosts) < 0)
+        goto fail;
+    /* insert_check let no resident entry through: one found is a ghost or
+       hint-only */
+    Py_ssize_t nmet = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t ix = b.v[i].ix;
+        int ghost = ix >= 0 && t->entries[ix].tag < N_TAGS;
+        b.v[i].tag = ghost ? readmit : tag;
+        nmet += ghost;
+    }
+    int32_t last = n > 0 ? b.v[0].ix : -1; /* the last hash */
+    int cold = n > 0 && (last < 0 || t->entries[last].tag >= N_TAGS); /* no ghost */
+    PyObject *met = NULL;
+    if (nmet > 0 && (met = PyList_New(nmet)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = n - 1, k = 0; met != NULL && i >= 0; i--) {
+        int32_t ix = b.v[i].ix;
+        if (ix >= 0 && t->entries[ix].tag < N_TAGS) /* cached small ints: cannot fail */
+            PyList_SET_ITEM(met, k++, PyLong_FromLong(t->entries[ix].tag));
+    }
+    if ((cold && aside_reserve(t, tag, 1) < 0) || insert_commit(t, &b, ghosts) < 0) {
+        Py_XDECREF(met);
+        goto fail;
+    }
+    int32_t tail = n > 0 ? b.v[0].ix : -1;
+    if (cold && t->entries[tail].place != HELD) {
+        /* to the oldest end of its tag, as move(h, tag, last=False) */
+        entry_detach(t, tail);
+        aside_add(t, tail, tag, t->early--);
+    }
+    res = met != NULL ? met : Py_NewRef(Py_None);
+fail:
+    if (entered) {
+        res = leave(t, &b, hs, res);
+    }
+    else {
+        items_release(&b);
+        Py_XDECREF(hs);
+    }
+    Py_XDECREF(hd);
     return res;
 }
 
@@ -1566,7 +1968,7 @@ BT_complete(BlockTable *t, PyObject *hashes)
             if (e->ref == -1) {
                 e->ref = 0;
                 t->in_flight--;
-                if (e->aside)
+                if (e->place != IN_LINE)
                     aside_ready(t, b.v[i].ix);
                 PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
             }
@@ -1628,7 +2030,7 @@ BT_pin(BlockTable *t, PyObject *hashes)
         Entry *e = &t->entries[b.v[i].ix];
         if (e->ref++ == 0) {
             t->pinned++;
-            if (e->aside)
+            if (e->place != IN_LINE)
                 aside_busy(t, b.v[i].ix);
         }
         PyList_SET_ITEM(out, i, Py_NewRef(e->handle));
@@ -1685,7 +2087,7 @@ BT_unpin(BlockTable *t, PyObject *hashes)
         if (--e->ref == 0) {
             t->pinned--;
             PyList_SET_ITEM(out, k++, Py_NewRef(b.v[i].key));
-            if (e->aside)
+            if (e->place != IN_LINE)
                 aside_ready(t, ix);
         }
     }
@@ -1735,7 +2137,14 @@ BT_move(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
         goto fail;
     }
     int last = a[2] == NULL ? 1 : PyObject_IsTrue(a[2]);
-    if (last < 0 || (!last && aside_reserve(t, tag, 1) < 0))
+    if (last < 0)
+        goto fail;
+    if (t->entries[ix].place == HELD) { /* held: only its tag changes */
+        held_retag(t, ix, tag);
+        t->in_call = 0;
+        Py_RETURN_NONE;
+    }
+    if (!last && aside_reserve(t, tag, 1) < 0)
         goto fail;
     entry_detach(t, ix);
     if (last)
@@ -1766,6 +2175,10 @@ BT_relist(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwna
         return NULL;
     for (Py_ssize_t i = 0; i < b.n; i++) {
         int32_t ix = b.v[i].ix;
+        if (t->entries[ix].place == HELD) {
+            held_retag(t, ix, tag);
+            continue;
+        }
         entry_detach(t, ix);
         list_append(t, ix, tag);
     }
@@ -1785,6 +2198,37 @@ drop_ghosts(BlockTable *t, int tag, Py_ssize_t keep)
     return dropped;
 }
 
+/* phase 1 of turning hint order off: the held records, farthest next use
+   first, in *sorted (NULL when there are none); -1 with MemoryError */
+static int
+unhold_prepare(BlockTable *t, Rec **sorted)
+{
+    *sorted = NULL;
+    Aside *A = &t->held;
+    if (A->n == 0)
+        return 0;
+    *sorted = PyMem_Malloc((size_t)A->n * sizeof(Rec));
+    if (*sorted == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(*sorted, A->v, (size_t)A->n * sizeof(Rec));
+    qsort(*sorted, (size_t)A->n, sizeof(Rec), by_stamp);
+    return 0;
+}
+
+/* phase 2: hint order off; every held entry rejoins its tag's order at the
+   most recent end, farthest next use first (the nearest ends most recent) */
+static void
+unhold(BlockTable *t, Rec *sorted)
+{
+    int32_t n = t->held.n;
+    for (int32_t i = 0; i < n; i++)
+        held_release(t, sorted[i].ix);
+    PyMem_Free(sorted);
+    t->hold = 0;
+}
+
 static PyObject *
 BT_forget_policy(BlockTable *t, PyObject *Py_UNUSED(ignored))
 {
@@ -1793,12 +2237,14 @@ BT_forget_policy(BlockTable *t, PyObject *Py_UNUSED(ignored))
     for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
         ghosts += t->lists[tag].size;
     PyObject *res = NULL;
-    if (trash_reserve(t, ghosts) == 0) {
+    Rec *sorted;
+    if (trash_reserve(t, ghosts) == 0 && unhold_prepare(t, &sorted) == 0) {
         for (int tag = N_RESIDENT; tag < N_TAGS; tag++)
             drop_ghosts(t, tag, 0);
         for (int i = 0; i < N_RESIDENT; i++)
             t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
         t->touch_ghosts = 0;
+        unhold(t, sorted);
         tbl_shrink(t);
         res = Py_NewRef(Py_None);
     }
@@ -1933,7 +2379,7 @@ BT_touch(BlockTable *t, PyObject *hashes)
         if (item_find(t, &b.v[i]) < 0)
             goto done;
         int32_t ix = b.v[i].ix;
-        hits += ix >= 0 && t->entries[ix].tag >= N_RESIDENT;
+        hits += ix >= 0 && t->entries[ix].tag >= N_RESIDENT && t->entries[ix].tag < N_TAGS;
     }
     PyObject *out = NULL;
     if (t->touch_ghosts && hits > 0) {
@@ -1951,7 +2397,7 @@ BT_touch(BlockTable *t, PyObject *hashes)
         int tag = e->tag;
         int dest;
         if (tag >= N_RESIDENT) {
-            if (out == NULL)
+            if (out == NULL || tag >= N_TAGS)
                 continue;
             list_unlink(t, ix);
             list_append(t, ix, tag);
@@ -1961,6 +2407,10 @@ BT_touch(BlockTable *t, PyObject *hashes)
             dest = e->ref >= 0 ? t->ready_to[tag] : t->in_flight_to[tag];
             if (dest < 0)
                 continue;
+            if (e->place == HELD) {
+                held_retag(t, ix, dest);
+                continue;
+            }
             entry_detach(t, ix);
             list_append(t, ix, dest);
         }
@@ -2169,6 +2619,62 @@ walk_list(BlockTable *t, Side *s, int side, Py_ssize_t want, Py_ssize_t *found, 
     return 0;
 }
 
+/* the held walk: the ready held entries of tags ta and tb (-1: none),
+   farthest next use first, read from the held heap as walk_list reads the
+   entries set aside; victims are recorded as side 2 */
+static int
+walk_held(BlockTable *t, Side *s, int ta, int tb, Py_ssize_t want, Py_ssize_t *found, Walks *w,
+          PyObject *prot, int pmode)
+{
+    const Aside *A = &t->held;
+    while (*found < want && s->nfront > 0) {
+        int32_t pos = front_pop(s, A->v);
+        for (int32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < A->ready; c++) {
+            if (front_push(s, A->v, c) < 0)
+                return -1;
+        }
+        int32_t ix = A->v[pos].ix;
+        int tag = t->entries[ix].tag;
+        if (tag != ta && tag != tb)
+            continue;
+        t->walked++;
+        int r = is_protected(prot, pmode, t->entries[ix].key);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue;
+        if (walks_push(w, ix, W_VICTIM, 2) < 0)
+            return -1;
+        (*found)++;
+        s->found++;
+    }
+    return 0;
+}
+
+/* a walk of the held heap from its top */
+static void
+side_init_held(BlockTable *t, Side *s)
+{
+    s->tag = -1;
+    s->cur = -1;
+    s->found = s->aside = 0;
+    s->front = s->small;
+    s->capfront = SMALL_FRONT;
+    s->nfront = t->held.ready > 0;
+    s->small[0] = 0;
+}
+
+/* how `protected` is searched */
+static int
+protection_mode(PyObject *prot)
+{
+    if (PyAnySet_CheckExact(prot))
+        return PySet_GET_SIZE(prot) == 0 ? P_EMPTY : P_SET;
+    if (PyDict_CheckExact(prot))
+        return PyDict_GET_SIZE(prot) == 0 ? P_EMPTY : P_DICT;
+    return P_ANY;
+}
+
 /* `o` is absent or None (*out -1), or a tag `parse` accepts */
 static int
 optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
@@ -2180,9 +2686,13 @@ optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static Sig sig = {
-        "evict", {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b"}, 3, 3, 7, {NULL}};
-    PyObject *a[7];
+    static Sig sig = {"evict",
+                      {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b", "spill"},
+                      3,
+                      3,
+                      8,
+                      {NULL}};
+    PyObject *a[8];
     int ta, tb, ga, gb;
     if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
@@ -2220,6 +2730,9 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         if (first > n)
             first = n;
     }
+    int spill = a[7] == NULL ? 0 : PyObject_IsTrue(a[7]);
+    if (spill < 0)
+        return NULL;
     PyObject *prot = a[2];
     ENTER(t);
 
@@ -2227,36 +2740,38 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
     w.v = w.small;
     w.n = 0;
     w.cap = SMALL_WALK;
-    Side sides[2];
+    Side sides[3]; /* a, b, held */
     int nsides = tb < 0 ? 1 : 2;
     side_init(t, &sides[0], ta);
     if (tb >= 0)
         side_init(t, &sides[1], tb);
+    side_init_held(t, &sides[2]);
     PyObject *res = NULL;
     PyObject *hashes = NULL, *handles = NULL, *na_obj = NULL;
     if (n == 0) {
         res = Py_BuildValue("([][]i)", 0);
         goto done;
     }
-    /* more than could be victims: the entries in line and the ready ones set aside */
+    /* more than could be victims: the entries in line and the ready ones set
+       aside (and held, to spill to) */
     Py_ssize_t room = 0;
-    for (int s = 0; s < nsides; s++)
-        room += t->lists[sides[s].tag].size + t->aside[sides[s].tag].ready;
+    for (int s = 0; s < nsides; s++) {
+        int tag = sides[s].tag;
+        room += t->lists[tag].size + t->aside[tag].ready + (spill ? t->held_ready[tag] : 0);
+    }
     if (n > room) {
         res = Py_NewRef(Py_None);
         goto done;
     }
-    int pmode = P_ANY;
-    if (PyAnySet_CheckExact(prot))
-        pmode = PySet_GET_SIZE(prot) == 0 ? P_EMPTY : P_SET;
-    else if (PyDict_CheckExact(prot))
-        pmode = PyDict_GET_SIZE(prot) == 0 ? P_EMPTY : P_DICT;
+    int pmode = protection_mode(prot);
     Py_ssize_t found = 0;
     if (walk_list(t, &sides[0], 0, first, &found, &w, prot, pmode) < 0)
         goto done;
     if (tb >= 0 && walk_list(t, &sides[1], 1, n, &found, &w, prot, pmode) < 0)
         goto done;
     if (walk_list(t, &sides[0], 0, n, &found, &w, prot, pmode) < 0)
+        goto done;
+    if (spill && found < n && walk_held(t, &sides[2], ta, tb, n, &found, &w, prot, pmode) < 0)
         goto done;
     if (found < n) {
         res = Py_NewRef(Py_None);
@@ -2276,26 +2791,29 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
     }
 
     /* phase 2: list a's walk, then list b's (each in walking order, so the
-       entries set aside get stamps in their order) */
+       entries set aside get stamps in their order), then the held victims */
     Py_ssize_t pos = 0;
-    for (int side = 0; side < nsides; side++) {
-        int g = side ? gb : ga;
+    for (int side = 0; side < 3; side++) {
         for (Py_ssize_t i = 0; i < w.n; i++) {
             if (w.v[i].side != side)
                 continue;
             int32_t ix = w.v[i].ix;
             Entry *e = &t->entries[ix];
+            int g = (side == 2 ? e->tag == ta : side == 0) ? ga : gb;
             entry_detach(t, ix);
             if (w.v[i].kind == W_ASIDE) {
                 aside_add(t, ix, sides[side].tag, t->late++);
                 continue;
             }
-            /* a victim: its references go to the result */
+            /* a victim: its handle goes to the result, and its key unless
+               the entry stays (a ghost, or hint-only) */
             PyList_SET_ITEM(handles, pos, e->handle);
             e->handle = NULL;
-            if (g >= 0) {
+            int hinted = qhead_of(t, ix) >= 0;
+            t->window_resident -= hinted;
+            if (g >= 0 || hinted) {
                 PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
-                list_append(t, ix, g);
+                list_append(t, ix, g >= 0 ? g : HINT_ONLY);
             }
             else {
                 PyList_SET_ITEM(hashes, pos, e->key);
@@ -2319,7 +2837,466 @@ done:
         PyMem_Free(w.v);
     for (int s = 0; s < nsides; s++)
         side_free(&sides[s]);
+    side_free(&sides[2]);
     return leave(t, NULL, NULL, res);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the hint window                                                          */
+
+/* room for k more uses */
+static int
+nodes_reserve(BlockTable *t, Py_ssize_t k)
+{
+    if (k <= (Py_ssize_t)t->ncap - t->window_uses)
+        return 0;
+    if (k > (Py_ssize_t)MAX_ENTRIES - t->window_uses) {
+        PyErr_SetString(PyExc_OverflowError, "a BlockTable's window holds at most 2**31 - 2 uses");
+        return -1;
+    }
+    Py_ssize_t nc = (Py_ssize_t)t->ncap * 2;
+    if (nc < t->window_uses + k)
+        nc = t->window_uses + k;
+    if (nc < 64)
+        nc = 64;
+    if (nc > MAX_ENTRIES)
+        nc = MAX_ENTRIES;
+    Node *nn = PyMem_Realloc(t->nodes, (size_t)nc * sizeof(Node));
+    if (nn == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->nodes = nn;
+    t->ncap = (int32_t)nc;
+    return 0;
+}
+
+static inline int32_t
+node_alloc(BlockTable *t)
+{
+    if (t->nfree >= 0) {
+        int32_t node = t->nfree;
+        t->nfree = t->nodes[node].next;
+        return node;
+    }
+    return t->ntop++;
+}
+
+/* room for one more ticket, and queue heads for every entry slot */
+static int
+window_reserve(BlockTable *t)
+{
+    if (t->tnext >= MAX_TICKET) {
+        PyErr_SetString(PyExc_OverflowError, "a BlockTable hands out fewer than 2**39 hint tickets");
+        return -1;
+    }
+    if (t->qhead == NULL) {
+        t->qhead = PyMem_Malloc((size_t)t->cap * sizeof(int32_t));
+        if (t->qhead == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(t->qhead, 0xff, (size_t)t->cap * sizeof(int32_t));
+    }
+    if (t->tnext - t->tbase < t->rcap)
+        return 0;
+    int64_t nc = t->rcap ? 2 * t->rcap : 16;
+    if ((uint64_t)nc > (uint64_t)PY_SSIZE_T_MAX / sizeof(Ticket)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Ticket *nr = PyMem_Malloc((size_t)nc * sizeof(Ticket));
+    if (nr == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int64_t k = t->tbase; k < t->tnext; k++)
+        nr[k & (nc - 1)] = t->ring[k & (t->rcap - 1)];
+    PyMem_Free(t->ring);
+    t->ring = nr;
+    t->rcap = nc;
+    return 0;
+}
+
+/* give the window's memory back once it holds no use (or no ticket) */
+static void
+window_shrink(BlockTable *t)
+{
+    if (t->window_uses == 0) {
+        PyMem_Free(t->qhead);
+        PyMem_Free(t->nodes);
+        t->qhead = NULL;
+        t->nodes = NULL;
+        t->ncap = t->ntop = 0;
+        t->nfree = -1;
+    }
+    if (t->window_requests == 0) {
+        PyMem_Free(t->ring);
+        t->ring = NULL;
+        t->rcap = 0;
+        t->tbase = t->tnext;
+    }
+}
+
+static PyObject *
+BT_hint(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    DupSet dup;
+    dup.slots = NULL;
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    Py_ssize_t n = b.n, fresh = 0, newly = 0;
+    /* phase 1: find every key; a key without an entry gets a hint-only one,
+       made once for all its positions (item.tag: the first of them) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item_find(t, &b.v[i]) < 0)
+            goto done;
+        b.v[i].tag = (int32_t)i;
+    }
+    Py_ssize_t lacking = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        lacking += b.v[i].ix < 0;
+    if (lacking > 8 && dupset_init(&dup, lacking) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b.v[i];
+        if (it->ix >= 0) {
+            /* an entry newly hinted (counted once: its queue is empty) */
+            newly += qhead_of(t, it->ix) < 0 && t->entries[it->ix].tag < N_RESIDENT;
+            continue;
+        }
+        int32_t first = (int32_t)i;
+        int r = 0;
+        if (dup.slots != NULL) {
+            r = dupset_add(&dup, b.v, (int32_t)i, &first);
+        }
+        else {
+            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
+                if (b.v[j].ix < 0 && b.v[j].hash == it->hash && b.v[j].tag == j) {
+                    r = keys_equal(b.v[j].key, it->key);
+                    first = (int32_t)j;
+                }
+            }
+        }
+        if (r < 0)
+            goto done;
+        it->tag = r > 0 ? first : (int32_t)i;
+        fresh += r == 0;
+    }
+    if (window_reserve(t) < 0 || tbl_reserve(t, fresh) < 0 || nodes_reserve(t, n) < 0 ||
+        (t->hold && held_reserve(t, newly) < 0))
+        goto done;
+    PyObject *ticket = PyLong_FromLongLong(t->tnext);
+    if (ticket == NULL)
+        goto done;
+
+    /* phase 2 */
+    int64_t tk = t->tnext++;
+    Ticket *slot = &t->ring[tk & (t->rcap - 1)];
+    slot->first = -1;
+    slot->n = (int32_t)n;
+    t->window_requests++;
+    int32_t last = -1;
+    Node *N = t->nodes;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Item *it = &b.v[i];
+        int32_t ix = it->ix;
+        if (ix < 0 && it->tag != i) {
+            ix = b.v[it->tag].ix; /* made at its first position */
+        }
+        else if (ix < 0) {
+            ix = it->ix = entry_alloc(t);
+            Entry *e = &t->entries[ix];
+            e->key = Py_NewRef(it->key);
+            e->hash = it->hash;
+            e->handle = NULL;
+            e->ref = 0;
+            index_put(t, ix);
+            list_append(t, ix, HINT_ONLY);
+        }
+        int32_t node = node_alloc(t);
+        Node *nd = &N[node];
+        nd->key = tk * USE_STRIDE + (i < USE_STRIDE - 1 ? i : USE_STRIDE - 1);
+        nd->ix = ix;
+        nd->tnext = -1;
+        if (last >= 0)
+            N[last].tnext = node;
+        else
+            slot->first = node;
+        last = node;
+        int32_t head = t->qhead[ix];
+        if (head >= 0) { /* a later use: the queue's new tail */
+            nd->next = head;
+            nd->prev = N[head].prev;
+            N[nd->prev].next = node;
+            N[head].prev = node;
+            continue;
+        }
+        nd->next = nd->prev = node;
+        t->qhead[ix] = node;
+        t->window_keys++;
+        if (t->entries[ix].tag < N_RESIDENT) {
+            t->window_resident++;
+            if (t->hold)
+                held_add(t, ix);
+        }
+        else if (t->entries[ix].tag == STALE) { /* hinted again before it went */
+            list_unlink(t, ix);
+            list_append(t, ix, HINT_ONLY);
+        }
+    }
+    t->window_uses += n;
+    res = ticket;
+done:
+    if (dup.slots != NULL && dup.slots != dup.small)
+        PyMem_Free(dup.slots);
+    return leave(t, &b, seq, res);
+}
+
+#define SMALL_TICKET 64
+
+/* free the entries on list STALE (trash room reserved) */
+static void
+stale_flush(BlockTable *t)
+{
+    List *l = &t->lists[STALE];
+    while (l->head >= 0) {
+        int32_t ix = l->head;
+        list_unlink(t, ix);
+        index_del(t, ix);
+        trash_push(t, t->entries[ix].key);
+        entry_free(t, ix);
+    }
+}
+
+static PyObject *
+BT_unhint(BlockTable *t, PyObject *ticket)
+{
+    int64_t tk = -1;
+    if (PyLong_CheckExact(ticket)) {
+        int overflow;
+        tk = PyLong_AsLongLongAndOverflow(ticket, &overflow);
+        if (overflow)
+            tk = -1;
+    }
+    if (tk < t->tbase || tk >= t->tnext || t->ring[tk & (t->rcap - 1)].n < 0) {
+        raise_key(PyExc_KeyError, ticket);
+        return NULL;
+    }
+    ENTER(t);
+    Ticket *slot = &t->ring[tk & (t->rcap - 1)];
+    int32_t n = slot->n;
+    int32_t small[SMALL_TICKET], *order = small;
+    if (n > SMALL_TICKET && (order = PyMem_Malloc((size_t)n * sizeof(int32_t))) == NULL) {
+        PyErr_NoMemory();
+        t->in_call = 0;
+        return NULL;
+    }
+    /* the stale entries of the previous unhint go, and this one's too if
+       the window empties */
+    if (trash_reserve(t, n + t->lists[STALE].size) < 0) {
+        if (order != small)
+            PyMem_Free(order);
+        t->in_call = 0;
+        return NULL;
+    }
+    stale_flush(t);
+    /* what the request finds as it leaves: its leading uses whose entries
+       are resident and ready */
+    Node *N = t->nodes;
+    for (int32_t node = slot->first; node >= 0; node = N[node].tnext) {
+        const Entry *e = &t->entries[N[node].ix];
+        if (e->tag >= N_RESIDENT || e->ref < 0)
+            break;
+        t->window_found++;
+    }
+    /* phase 2: every use leaves its queue (prev -2: the last one, which
+       emptied it) */
+    int32_t k = 0;
+    for (int32_t node = slot->first; node >= 0; node = N[node].tnext) {
+        order[k++] = node;
+        Node *nd = &N[node];
+        if (nd->next == node) {
+            t->qhead[nd->ix] = -1;
+            nd->prev = -2;
+            continue;
+        }
+        N[nd->prev].next = nd->next;
+        N[nd->next].prev = nd->prev;
+        if (t->qhead[nd->ix] == node)
+            t->qhead[nd->ix] = nd->next;
+        nd->prev = -1;
+    }
+    /* last to first: held entries that rejoin their lists end with the first
+       hash most recent, as a touch leaves them */
+    for (k = n - 1; k >= 0; k--) {
+        Node *nd = &N[order[k]];
+        int32_t ix = nd->ix;
+        Entry *e = &t->entries[ix];
+        if (nd->prev != -2) {
+            if (e->place == HELD && e->tag < N_RESIDENT)
+                held_restamp(t, ix); /* its next use may have moved on */
+            continue;
+        }
+        t->window_keys--;
+        if (e->tag < N_RESIDENT) {
+            t->window_resident--;
+            if (e->place == HELD)
+                held_release(t, ix);
+        }
+        else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
+            list_unlink(t, ix);
+            list_append(t, ix, STALE);
+        }
+    }
+    for (k = 0; k < n; k++) {
+        N[order[k]].next = t->nfree;
+        t->nfree = order[k];
+    }
+    if (order != small)
+        PyMem_Free(order);
+    slot->n = -1;
+    t->window_requests--;
+    t->window_uses -= n;
+    if (t->window_requests == 0)
+        stale_flush(t);
+    while (t->tbase < t->tnext && t->ring[t->tbase & (t->rcap - 1)].n < 0)
+        t->tbase++;
+    window_shrink(t);
+    tbl_shrink(t);
+    return leave(t, NULL, NULL, Py_NewRef(Py_None));
+}
+
+static PyObject *
+BT_next_uses(BlockTable *t, PyObject *hashes)
+{
+    PyObject *seq = as_seq(hashes);
+    if (seq == NULL)
+        return NULL;
+    if (t->in_call) {
+        Py_DECREF(seq);
+        return reentered();
+    }
+    t->in_call = 1;
+    Items b;
+    items_init(&b);
+    PyObject *res = NULL;
+    if (items_snapshot(&b, seq) < 0)
+        goto done;
+    PyObject *out = PyList_New(b.n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        if (item_find(t, &b.v[i]) < 0) {
+            Py_DECREF(out);
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        int32_t ix = b.v[i].ix, head = ix < 0 ? -1 : qhead_of(t, ix);
+        PyObject *key = PyLong_FromLongLong(head < 0 ? -1 : t->nodes[head].key);
+        if (key == NULL) {
+            Py_DECREF(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, key);
+    }
+    res = out;
+done:
+    return leave(t, &b, seq, res);
+}
+
+static PyObject *
+BT_farthest(BlockTable *t, PyObject *prot)
+{
+    ENTER(t);
+    Side s;
+    side_init_held(t, &s);
+    int pmode = protection_mode(prot);
+    const Aside *A = &t->held;
+    PyObject *res = NULL;
+    int64_t key = -1;
+    while (s.nfront > 0) {
+        int32_t pos = front_pop(&s, A->v);
+        for (int32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < A->ready; c++) {
+            if (front_push(&s, A->v, c) < 0)
+                goto done;
+        }
+        int r = is_protected(prot, pmode, t->entries[A->v[pos].ix].key);
+        if (r < 0)
+            goto done;
+        if (r == 0) {
+            key = -A->v[pos].stamp;
+            break;
+        }
+    }
+    res = PyLong_FromLongLong(key);
+done:
+    side_free(&s);
+    t->in_call = 0;
+    return res;
+}
+
+static PyObject *
+BT_held(BlockTable *t, PyObject *tag)
+{
+    int tg;
+    if (resident_tag(tag, &tg) < 0)
+        return NULL;
+    if (t->in_call)
+        return reentered();
+    return PyLong_FromSsize_t(t->held_n[tg]);
+}
+
+static PyObject *
+BT_set_hint_order(BlockTable *t, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    ENTER(t);
+    PyObject *res = NULL;
+    if (on == t->hold) {
+        res = Py_NewRef(Py_None);
+    }
+    else if (on) {
+        if (held_reserve(t, t->window_resident) == 0) {
+            t->hold = 1;
+            /* every hinted resident entry, found through the window's uses */
+            for (int64_t tk = t->tbase; tk < t->tnext; tk++) {
+                Ticket *slot = &t->ring[tk & (t->rcap - 1)];
+                for (int32_t node = slot->n < 0 ? -1 : slot->first; node >= 0;
+                     node = t->nodes[node].tnext) {
+                    int32_t ix = t->nodes[node].ix;
+                    Entry *e = &t->entries[ix];
+                    if (e->tag < N_RESIDENT && e->place != HELD)
+                        held_add(t, ix);
+                }
+            }
+            res = Py_NewRef(Py_None);
+        }
+    }
+    else {
+        Rec *sorted;
+        if (unhold_prepare(t, &sorted) == 0) {
+            unhold(t, sorted);
+            aside_shrink(t);
+            res = Py_NewRef(Py_None);
+        }
+    }
+    t->in_call = 0;
+    return res;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2339,7 +3316,7 @@ check_table(BlockTable *t)
     Entry *E = t->entries;
     Py_ssize_t seen = 0, resident = 0, pinned = 0, flying = 0;
     CHECK(t->top <= t->cap && t->used <= t->top && t->cap >= MIN_CAP, "bad sizes");
-    for (int L = 0; L < N_TAGS; L++) {
+    for (int L = 0; L < N_LISTS; L++) {
         List *l = &t->lists[L];
         Py_ssize_t count = 0;
         int32_t prev = -1;
@@ -2348,8 +3325,12 @@ check_table(BlockTable *t)
             Entry *e = &E[ix];
             CHECK(e->key != NULL, "list %d: free slot %d on it", L, (int)ix);
             CHECK(e->prev == prev, "list %d: entry %d has a wrong prev", L, (int)ix);
-            CHECK(e->tag == L && !e->aside, "list %d: entry %d has tag %d, aside %d", L,
-                  (int)ix, e->tag, e->aside);
+            CHECK(e->tag == L && e->place == IN_LINE, "list %d: entry %d has tag %d, place %d",
+                  L, (int)ix, e->tag, e->place);
+            CHECK(L != HINT_ONLY || qhead_of(t, ix) >= 0, "hint-only entry %d has no use",
+                  (int)ix);
+            CHECK(L != STALE || (qhead_of(t, ix) < 0 && t->window_requests > 0),
+                  "stale entry %d is hinted, or outlived the window", (int)ix);
             if (L < N_RESIDENT) {
                 CHECK(e->handle != NULL, "resident entry %d without a handle", (int)ix);
                 CHECK(e->ref >= -1, "entry %d has ref %d", (int)ix, (int)e->ref);
@@ -2367,28 +3348,94 @@ check_table(BlockTable *t)
         CHECK(count == l->size, "list %d: size %zd, %zd entries", L, l->size, count);
         seen += count;
     }
-    for (int tag = 0; tag < N_RESIDENT; tag++) {
-        Aside *A = &t->aside[tag];
+    /* the records: set aside in each resident tag (tag 0..3), held (4) */
+    Py_ssize_t held_n[N_RESIDENT] = {0}, held_ready[N_RESIDENT] = {0};
+    for (int tag = 0; tag <= N_RESIDENT; tag++) {
+        int is_held = tag == N_RESIDENT;
+        Aside *A = is_held ? &t->held : &t->aside[tag];
         CHECK(0 <= A->ready && A->ready <= A->n && A->n <= A->cap, "tag %d: aside sizes", tag);
+        CHECK(!is_held || t->hold || A->n == 0, "entries held with hint order off");
         for (int32_t i = 0; i < A->n; i++) {
             int32_t ix = A->v[i].ix;
             CHECK(ix >= 0 && ix < t->top && E[ix].key != NULL, "tag %d: record %d", tag, (int)i);
             Entry *e = &E[ix];
-            CHECK(e->aside && e->tag == tag && e->prev == i, "tag %d: entry %d set aside wrongly",
-                  tag, (int)ix);
+            CHECK(e->place == (is_held ? HELD : SET_ASIDE) && e->prev == i &&
+                      (is_held ? e->tag < N_RESIDENT : e->tag == tag),
+                  "records %d: entry %d placed wrongly", tag, (int)ix);
             CHECK(e->handle != NULL, "entry %d set aside without a handle", (int)ix);
             CHECK((i < A->ready) == (e->ref == 0), "tag %d: entry %d ref %d at %d of %d", tag,
                   (int)ix, (int)e->ref, (int)i, (int)A->ready);
             CHECK(i == 0 || i >= A->ready || A->v[(i - 1) / 2].stamp < A->v[i].stamp,
                   "tag %d: heap order broken at %d", tag, (int)i);
-            CHECK(A->v[i].stamp < t->late && A->v[i].stamp > t->early,
-                  "tag %d: stamp out of range", tag);
+            if (is_held) {
+                CHECK(qhead_of(t, ix) >= 0 && A->v[i].stamp == held_stamp(t, ix),
+                      "held entry %d: stamp is not its next use", (int)ix);
+                held_n[e->tag]++;
+                held_ready[e->tag] += e->ref == 0;
+            }
+            else {
+                CHECK(A->v[i].stamp < t->late && A->v[i].stamp > t->early,
+                      "tag %d: stamp out of range", tag);
+            }
             resident++;
             pinned += e->ref > 0;
             flying += e->ref < 0;
         }
         seen += A->n;
     }
+    for (int tag = 0; tag < N_RESIDENT; tag++)
+        CHECK(held_n[tag] == t->held_n[tag] && held_ready[tag] == t->held_ready[tag],
+              "tag %d: held counts", tag);
+    /* the window: every ticket's uses on their entries' queues, in order */
+    Py_ssize_t uses = 0, requests = 0, keys = 0, hinted_resident = 0;
+    CHECK(t->window_uses == 0 || (t->qhead != NULL && t->nodes != NULL), "window without uses");
+    CHECK(t->tbase <= t->tnext && t->tnext - t->tbase <= t->rcap, "ticket ring sizes");
+    for (int64_t tk = t->tbase; tk < t->tnext; tk++) {
+        Ticket *slot = &t->ring[tk & (t->rcap - 1)];
+        CHECK(tk != t->tbase || slot->n >= 0, "the oldest ticket slot is gone");
+        if (slot->n < 0)
+            continue;
+        requests++;
+        int32_t k = 0;
+        for (int32_t node = slot->first; node >= 0; node = t->nodes[node].tnext, k++) {
+            CHECK(node < t->ntop && k < slot->n, "ticket %lld: bad chain", (long long)tk);
+            Node *nd = &t->nodes[node];
+            int64_t key = tk * USE_STRIDE + (k < USE_STRIDE - 1 ? k : USE_STRIDE - 1);
+            CHECK(nd->key == key, "ticket %lld: use %d has key %lld", (long long)tk, (int)k,
+                  (long long)nd->key);
+            CHECK(nd->ix >= 0 && nd->ix < t->top && E[nd->ix].key != NULL &&
+                      qhead_of(t, nd->ix) >= 0,
+                  "use %d names no hinted entry", (int)node);
+        }
+        CHECK(k == slot->n, "ticket %lld: %d uses, %d chained", (long long)tk, (int)slot->n,
+              (int)k);
+        uses += k;
+    }
+    CHECK(uses == t->window_uses, "%zd uses in tickets, window_uses %zd", uses, t->window_uses);
+    for (int32_t ix = 0; t->qhead != NULL && ix < t->top; ix++) {
+        int32_t head = t->qhead[ix];
+        if (head < 0)
+            continue;
+        CHECK(E[ix].key != NULL, "free slot %d has uses", (int)ix);
+        keys++;
+        hinted_resident += E[ix].tag < N_RESIDENT;
+        CHECK(!t->hold || E[ix].tag >= N_RESIDENT || E[ix].place == HELD,
+              "hinted resident entry %d not held", (int)ix);
+        int32_t node = head, count = 0;
+        do {
+            Node *nd = &t->nodes[node];
+            CHECK(nd->ix == ix && t->nodes[nd->next].prev == node, "entry %d: bad queue", (int)ix);
+            CHECK(nd->next == head || nd->key <= t->nodes[nd->next].key,
+                  "entry %d: uses out of order", (int)ix);
+            CHECK(++count <= uses, "entry %d: queue has a cycle", (int)ix);
+            node = nd->next;
+        } while (node != head);
+        uses -= count;
+    }
+    CHECK(uses == 0, "%zd uses not on a queue", uses);
+    CHECK(requests == t->window_requests && keys == t->window_keys &&
+              hinted_resident == t->window_resident,
+          "window counts");
     CHECK(seen == t->used, "%zd entries on lists, %d used", seen, (int)t->used);
     CHECK(resident == t->resident, "resident %zd, counted %zd", t->resident, resident);
     CHECK(pinned == t->pinned, "pinned %zd, counted %zd", t->pinned, pinned);
@@ -2464,6 +3511,9 @@ static PyMethodDef BT_methods[] = {
      "_check(): raise AssertionError unless the internal invariants hold (tests)."},
     {"insert", (PyCFunction)(void (*)(void))BT_insert, FAST,
      "insert(hashes, handles, tag): new entries in flight, appended to tag's main order."},
+    {"insert_chain", (PyCFunction)(void (*)(void))BT_insert_chain, FAST,
+     "insert_chain(hashes, handles, tag, readmit) -> list[int] | None: a chain filed\n"
+     "tail first, ghosts to readmit, the last hash (no ghost) at tag's oldest end."},
     {"complete", (PyCFunction)BT_complete, METH_O,
      "complete(hashes) -> list: the in-flight ones become ready; returns them."},
     {"fail", (PyCFunction)BT_fail, METH_O,
@@ -2487,8 +3537,20 @@ static PyMethodDef BT_methods[] = {
     {"touch", (PyCFunction)BT_touch, METH_O,
      "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
     {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
-     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None)\n"
+     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None, spill=False)\n"
      "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
+    {"hint", (PyCFunction)BT_hint, METH_O,
+     "hint(hashes) -> int: a hinted request joins the window; returns its ticket."},
+    {"unhint", (PyCFunction)BT_unhint, METH_O,
+     "unhint(ticket): the hinted request leaves the window."},
+    {"next_uses", (PyCFunction)BT_next_uses, METH_O,
+     "next_uses(hashes) -> list[int]: the key of each one's next hinted use, -1 if none."},
+    {"farthest", (PyCFunction)BT_farthest, METH_O,
+     "farthest(protected) -> int: the farthest next use of a ready held entry not in\n"
+     "protected, -1 if none."},
+    {"held", (PyCFunction)BT_held, METH_O, "held(tag) -> int: the held entries of tag."},
+    {"set_hint_order", (PyCFunction)BT_set_hint_order, METH_O,
+     "set_hint_order(on): hold hinted resident entries out of their lists' orders."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2499,6 +3561,18 @@ static PyMemberDef BT_members[] = {
      "resident entries with ref == -1"},
     {"walked", T_PYSSIZET, offsetof(BlockTable, walked), READONLY,
      "entries evictions walked past (a statistic)"},
+    {"window_requests", T_PYSSIZET, offsetof(BlockTable, window_requests), READONLY,
+     "tickets in the hint window"},
+    {"window_uses", T_PYSSIZET, offsetof(BlockTable, window_uses), READONLY,
+     "hashes hinted by the tickets in the window (repeats counted)"},
+    {"window_keys", T_PYSSIZET, offsetof(BlockTable, window_keys), READONLY,
+     "distinct hashes with a use in the window"},
+    {"window_resident", T_PYSSIZET, offsetof(BlockTable, window_resident), READONLY,
+     "resident entries with a use in the window"},
+    {"holds", T_PYSSIZET, offsetof(BlockTable, holds), READONLY,
+     "times an entry was held for a hinted use (a statistic)"},
+    {"window_found", T_PYSSIZET, offsetof(BlockTable, window_found), READONLY,
+     "leading hashes of the requests unhinted that were resident and ready then"},
     {NULL, 0, 0, 0, NULL},
 };
 

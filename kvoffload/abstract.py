@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NewType
+from typing import NewType, Protocol, runtime_checkable
 
 __all__ = [
     "BlockHash",
@@ -18,6 +18,7 @@ __all__ = [
     "OffloadingEvent",
     "OffloadingManager",
     "PrepareStoreOutput",
+    "SupportsHints",
 ]
 
 #: A chained block hash: it names a block's tokens *and* every token before it.
@@ -92,3 +93,32 @@ class OffloadingManager(ABC):
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Drain the store/remove events gathered since the last call."""
         return ()
+
+
+@runtime_checkable
+class SupportsHints(Protocol):
+    """A manager that can be told what the requests waiting to be served
+    will use (kvoffload's managers are; vLLM's 0.11.2 managers are not).
+
+    Not part of :class:`OffloadingManager`: that is vLLM's interface, and
+    code written against it must keep working. Nor is there a default: a
+    ``hint`` that handed out tickets and dropped the hints would make a
+    scheduler believe it was heard. Check with ``isinstance(m,
+    SupportsHints)``.
+
+    Contract (``PolicyOffloadingManager.hint`` says it in full): ``hint``
+    appends one waiting request to the window, in queue order, and returns
+    its ticket; ``unhint`` removes it when it leaves the queue (served,
+    aborted, preempted), in any order, and raises
+    :class:`~kvoffload.errors.UnknownTicketError` for a ticket not in the
+    window. Hints change no answer by themselves; a policy may use them to
+    choose victims.
+    """
+
+    def hint(self, block_hashes: Iterable[BlockHash]) -> int:
+        """A waiting request joins the window; returns its ticket."""
+        ...
+
+    def unhint(self, ticket: int) -> None:
+        """The request of ``ticket`` left the waiting queue."""
+        ...

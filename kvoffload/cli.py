@@ -92,6 +92,17 @@ def _build_parser() -> _Parser:
         help=f"tokens per trace block id (default {DEFAULT_TRACE_BLOCK_SIZE})",
     )
     replay.add_argument(
+        "--lookahead",
+        type=_lookahead,
+        default=0,
+        metavar="W",
+        help=(
+            "hint the next W requests to the manager while one is served, as an engine's "
+            "waiting queue would (policies that use hints: hkvarc; the others ignore them); "
+            "default 0"
+        ),
+    )
+    replay.add_argument(
         "--json", action="store_true", help="print one JSON document on stdout instead of a table"
     )
     replay.add_argument(
@@ -132,6 +143,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _lookahead(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of requests to hint ahead, 0 or more, got {text!r}"
+        )
     return value
 
 
@@ -200,7 +223,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             for capacity in capacities:
                 bound = belady(trace.block_hashes, capacity, progress=advance)
                 for policy in policies:
-                    result = replay(trace, policy=policy, capacity=capacity, progress=advance)
+                    result = replay(
+                        trace,
+                        policy=policy,
+                        capacity=capacity,
+                        progress=advance,
+                        lookahead=args.lookahead,
+                    )
                     rows.append(_Row(result, bound, unique))
     if args.json:
         _print_json(rows, traces, sys.stdout)
@@ -283,6 +312,7 @@ def _run_json(row: _Row) -> dict[str, object]:
         "block_ops": r.block_ops,
         "block_ops_per_second": r.block_ops_per_second,
         "wall_seconds": r.wall_seconds,
+        "lookahead": r.lookahead,
     }
 
 
@@ -295,6 +325,7 @@ _COLUMNS = (
     "belady hit",
     "block ops/s",
     "evictions",
+    "lookahead",
 )
 
 
@@ -309,6 +340,7 @@ def _print_table(rows: Sequence[_Row], out: TextIO) -> None:
             f"{row.bound.prefix_hit_ratio:.4f}",
             f"{row.result.block_ops_per_second:,.0f}",
             str(row.result.evictions),
+            str(row.result.lookahead),
         )
         for row in rows
     ]

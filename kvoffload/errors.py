@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
-__all__ = ["BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError"]
+__all__ = [
+    "BlockStateError",
+    "ConfigError",
+    "KVOffloadError",
+    "PolicyError",
+    "TransferError",
+    "UnknownTicketError",
+]
 
 
 class KVOffloadError(Exception):
@@ -25,3 +32,11 @@ class PolicyError(ConfigError):
 
 class TransferError(KVOffloadError, RuntimeError):
     """A transfer job could not be submitted or routed."""
+
+
+class UnknownTicketError(KVOffloadError, KeyError):
+    """``unhint`` of a ticket that is not in the hint window: never handed
+    out by this manager's ``hint``, or already unhinted."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0]) if self.args else ""

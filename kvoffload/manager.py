@@ -16,6 +16,12 @@ number of blocks (the C table does the per-block work).
 :meth:`PolicyOffloadingManager.get_block` answers a
 :class:`~kvoffload.backend.BlockStatus` snapshot with vLLM's ``ref_cnt``.
 
+Hints: :meth:`PolicyOffloadingManager.hint` tells the manager which blocks a
+request waiting to be served will use, :meth:`PolicyOffloadingManager.unhint`
+that it left the queue. The manager keeps this *window* in its table whatever
+the policy (it survives policy switches and :meth:`~PolicyOffloadingManager.clear`);
+a policy that uses hints (``hkvarc``) orders blocks by it, the others ignore it.
+
 Threading: one thread owns a manager and calls its protocol methods. Other
 threads may call :meth:`PolicyOffloadingManager.stats` snapshots published
 by that thread, and read or drain :attr:`PolicyOffloadingManager.event_log`;
@@ -36,11 +42,11 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError
+from kvoffload.errors import BlockStateError, ConfigError, UnknownTicketError
 from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
-from kvoffload.stats import ManagerCounters, ManagerStats
+from kvoffload.stats import ManagerCounters, ManagerStats, WindowStats
 from kvoffload.table import BlockTable
 
 __all__ = ["ARCOffloadingManager", "LRUOffloadingManager", "PolicyOffloadingManager"]
@@ -91,8 +97,11 @@ class PolicyOffloadingManager(OffloadingManager):
         if self.capacity <= 0:
             raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
         self._table = BlockTable()
+        if type(self).hint is PolicyOffloadingManager.hint:
+            self.hint = self._table.hint  # type: ignore[method-assign,assignment]  # no frame
         self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
         self._policy.seed([])
+        self._hook(self._policy)
         self.event_log: EventLog | None = EventLog(event_log_capacity) if enable_events else None
         self._block_size = backend.block_size
         self._medium = backend.medium
@@ -112,7 +121,14 @@ class PolicyOffloadingManager(OffloadingManager):
         # counts of the policies switched away from (the current one keeps its own)
         self._retired_ghost_hits: dict[str, int] = {}
         self._retired_evictions: dict[str, int] = {}
+        #: each former policy's own counts, by policy name
+        self._retired_counts: dict[str, dict[str, int]] = {}
         self._policy_switches = 0
+
+    def _hook(self, policy: EvictionPolicy) -> None:
+        """Ask the policy to admit stores only if it may decline some: the
+        hot path of the others gains one ``is None`` test."""
+        self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
 
     # -- introspection ----------------------------------------------------
 
@@ -198,13 +214,30 @@ class PolicyOffloadingManager(OffloadingManager):
     def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
         """Allocate blocks for the hashes not yet present (each once, in
         order), evicting unpinned ready blocks not named in this call if
-        needed. Returns ``None``, with nothing changed, if there is no room."""
+        needed. Returns ``None``, with nothing changed, if there is no room.
+
+        A policy may decline part of a store that would evict
+        (:meth:`~kvoffload.policies.EvictionPolicy.admit`; ``hkvarc`` does,
+        with hints): then ``block_hashes_to_store`` is the prefix of the
+        absent hashes it keeps, and only those may be completed."""
         # Ordered dedupe; doubles as the protected set (defects 5 and 6).
         named = dict.fromkeys(block_hashes)
         table = self._table
         to_store = table.absent(named)
+        absent = len(to_store)
         backend = self.backend
-        n_evict = len(to_store) - backend.get_num_free_blocks()
+        n_evict = absent - backend.get_num_free_blocks()
+        # The policy may decline blocks only when the victims would have to
+        # include blocks a waiting request uses (the others are too few).
+        if (
+            n_evict > 0
+            and self._admit is not None
+            and n_evict > len(table) - table.window_resident - (len(named) - absent)
+        ):
+            keep = self._admit(to_store, n_evict, named)
+            if keep < absent:
+                to_store = to_store[:keep]
+                n_evict -= absent - keep
         evicted: list[BlockHash] = []
         if n_evict > 0:
             # More than the unpinned ready blocks: no room, known without a
@@ -224,9 +257,8 @@ class PolicyOffloadingManager(OffloadingManager):
                 log.append("removed", evicted, self._block_size, self._medium, left)
         handles = backend.allocate_handles(to_store)
         self._policy.insert(to_store, handles)
-        n = len(to_store)
-        self._store_prepared += n
-        self._skipped_present += len(named) - n
+        self._store_prepared += len(to_store)
+        self._skipped_present += len(named) - absent
         return PrepareStoreOutput(
             block_hashes_to_store=to_store,
             store_spec=backend.get_handles_spec(to_store, handles),
@@ -269,13 +301,53 @@ class PolicyOffloadingManager(OffloadingManager):
                 events.append(ev)
         return events
 
+    # -- beyond vLLM: the hint window -------------------------------------
+
+    def hint(self, block_hashes: Iterable[BlockHash]) -> int:
+        """A request waiting to be served joins the hint window: it will use
+        ``block_hashes`` (its chain, in prefix order), after every request
+        hinted before it and still in the window. Returns its ticket for
+        :meth:`unhint`.
+
+        Any hashes may be hinted (offloaded, evicted, never seen; a repeat
+        is one more use). Hints change no block and no answer by themselves:
+        a policy that uses them (``hkvarc``) orders blocks by their next use
+        in the window, every other policy ignores them. The window is the
+        manager's, not the policy's: it survives :meth:`switch_policy` (a
+        policy switched to sees it at once) and :meth:`clear`. Cost: one
+        table look-up per hash; nothing is rescanned later.
+        """
+        ticket: int = self._table.hint(block_hashes)
+        return ticket
+
+    def unhint(self, ticket: int) -> None:
+        """The request of ``ticket`` left the waiting queue: it is about to
+        be served (call this right before its ``touch`` and ``lookup``, so
+        that its own blocks are no longer counted as coming), or it was
+        aborted or preempted. Tickets may leave in any order.
+
+        Raises :class:`~kvoffload.errors.UnknownTicketError`, changing
+        nothing, for a ticket that is not in the window (never returned by
+        :meth:`hint` of this manager, or already unhinted). Cost: O(hashes
+        of the request), with no hashing.
+        """
+        try:
+            self._table.unhint(ticket)
+        except KeyError:
+            raise UnknownTicketError(
+                f"hint ticket {ticket!r} is not in the window: it was never returned by this "
+                "manager's hint(), or was already unhinted"
+            ) from None
+
     # -- beyond vLLM ------------------------------------------------------
 
     def switch_policy(self, policy: str) -> str:
         """Change the eviction policy in place; returns the previous name.
 
         Every resident block stays, with its block id and reference count;
-        in-flight stores and loads are untouched; counters continue. The old
+        in-flight stores and loads are untouched; counters continue (the
+        policy's own, :meth:`~kvoffload.policies.EvictionPolicy.counters`,
+        start again with it); the hint window is kept. The old
         policy's order (first-evicted first) seeds the new one; ghost history
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
@@ -285,11 +357,14 @@ class PolicyOffloadingManager(OffloadingManager):
         old = self._policy
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
+        old_counts = old.counters()  # before the table forgets the policy
         table.forget_policy()  # its ghosts and touch rules
         new.seed(items)
         _add_counts(self._retired_ghost_hits, old.ghost_hits)
         _add_counts(self._retired_evictions, old.evictions)
+        _add_counts(self._retired_counts.setdefault(old.name, {}), old_counts)
         self._policy = new
+        self._hook(new)
         self._policy_switches += 1
         if self.event_log is not None:
             self.event_log.append("policy_switched", detail={"from": old.name, "to": new.name})
@@ -298,8 +373,10 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def clear(self) -> list[BlockHash]:
         """Evict every resident, unpinned, ready block and forget ghost
-        history. Pinned blocks and stores in flight are kept. Returns the
-        evicted hashes (one ``removed`` event plus a ``cleared`` record)."""
+        history. Pinned blocks and stores in flight are kept, and so is the
+        hint window (hints are about the requests waiting, not about what
+        is resident: those requests still come). Returns the evicted hashes
+        (one ``removed`` event plus a ``cleared`` record)."""
         policy, table = self._policy, self._table
         evictable = len(table) - table.pinned - table.in_flight
         evicted: list[BlockHash] = []
@@ -359,6 +436,15 @@ class PolicyOffloadingManager(OffloadingManager):
             counters=counters,
             events=self.event_log.stats() if self.event_log is not None else None,
             ghost_list_names=policy.ghost_list_names,
+            window=WindowStats(
+                requests=table.window_requests,
+                uses=table.window_uses,
+                blocks=table.window_keys,
+                resident=table.window_resident,
+            ),
+            policy_counters=MappingProxyType(
+                _add_counts(dict(self._retired_counts.get(policy.name, {})), policy.counters())
+            ),
         )
 
 

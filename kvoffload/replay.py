@@ -5,11 +5,19 @@ The replay drives a manager alone (no engine, no transfers), one offloaded
 block per trace block id. Per request, in this order::
 
     touch(all hashes); hit = lookup(all hashes)
-    out = prepare_store(hashes[hit:]); complete_store(hashes[hit:])
+    out = prepare_store(hashes[hit:]); complete_store(out.block_hashes_to_store)
 
 so a request's hits are the longest prefix of its blocks that is resident,
-and its missing blocks are stored right away. A store with no room
+and its missing blocks are stored right away (all of them, unless the policy
+declines some: ``hkvarc`` may, with hints). A store with no room
 (``prepare_store`` returns ``None``) is counted as rejected and skipped.
+
+With a lookahead of ``W`` requests the replay plays an engine's waiting
+queue: while request ``i`` is served, requests ``i+1 .. i+W`` are in the
+manager's hint window (the request being served is not one of the ``W``).
+The first ``W`` are hinted before the first request; before request ``i``,
+request ``i+W`` is hinted and request ``i`` unhinted, then it is served as
+above. Policies that do not use hints give the same hits at every ``W``.
 
 :func:`belady` applies the same prefix semantics with perfect knowledge of
 the future: it evicts the block whose next use is furthest away.
@@ -21,12 +29,13 @@ import heapq
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TypeVar
 
-from kvoffload.abstract import BlockHash, OffloadingManager
+from kvoffload.abstract import BlockHash, OffloadingManager, SupportsHints
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
 from kvoffload.runtime.workloads import Request, engine_block_hashes
@@ -152,9 +161,12 @@ class ReplayResult:
     evictions: int
     rejected_stores: int
     #: hashes passed to touch + lookup + prepare_store + complete_store
+    #: (hinted hashes not counted)
     block_ops: int
-    #: time spent inside the manager calls only
+    #: time spent inside the manager calls only (hint and unhint included)
     wall_seconds: float
+    #: requests hinted ahead of the one being served
+    lookahead: int = 0
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -174,18 +186,24 @@ def replay(
     capacity: int,
     manager: OffloadingManager | None = None,
     progress: Callable[[int], object] | None = None,
+    lookahead: int = 0,
 ) -> ReplayResult:
     """Replay ``trace`` against a fresh manager of ``capacity`` blocks.
 
     The manager is a :class:`~kvoffload.manager.PolicyOffloadingManager`
     running ``policy`` over a :class:`~kvoffload.backends.cpu.CPUBackend`,
     unless ``manager`` is given: it is then used as is (empty, of that
-    capacity) and ``policy`` / ``capacity`` only label the result.
-    ``progress(n)`` is told every few hundred requests how many were done
-    since its last call (outside the timed section).
+    capacity, its hint window empty) and ``policy`` / ``capacity`` only
+    label the result. ``lookahead`` requests are hinted ahead of the one
+    being served (see the module doc); it needs a manager that takes hints
+    (:class:`~kvoffload.abstract.SupportsHints`). ``progress(n)`` is told
+    every few hundred requests how many were done since its last call
+    (outside the timed section).
     """
     if capacity < 1:
         raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    if type(lookahead) is not int or lookahead < 0:
+        raise ConfigError(f"lookahead must be a whole number of requests >= 0, got {lookahead!r}")
     if manager is None:
         # imported here: the manager pulls in the policy registry, which a
         # caller that only wants Belady or capacity parsing does not need
@@ -199,31 +217,46 @@ def replay(
     prepare_store = manager.prepare_store
     complete_store = manager.complete_store
     clock = time.perf_counter
+    requests = trace.block_hashes
+    window: deque[int] = deque()  # tickets of the requests hinted, in order
+    elapsed = 0.0
+    if lookahead:
+        if not isinstance(manager, SupportsHints):
+            raise ConfigError(
+                f"lookahead needs a manager that takes hints; {type(manager).__name__} does not"
+            )
+        hint, unhint = manager.hint, manager.unhint
+        start = clock()
+        window.extend(hint(r) for r in requests[:lookahead])
+        elapsed += clock() - start
 
     accesses = hits = evictions = rejected = block_ops = 0
-    elapsed = 0.0
     done = 0
-    for hashes in trace.block_hashes:
+    for i, hashes in enumerate(requests):
         n = len(hashes)
         # a list, so the manager need not copy an iterable it walks twice
         request = list(hashes)
         start = clock()
+        if window:
+            if i + lookahead < len(requests):
+                window.append(hint(requests[i + lookahead]))
+            unhint(window.popleft())  # request i is served now
         touch(request)
         hit = lookup(request)
         missing = request[hit:]
         stored = prepare_store(missing)
         if stored is not None:
-            complete_store(missing)
+            complete_store(stored.block_hashes_to_store)
         elapsed += clock() - start
 
         accesses += n
         hits += hit
+        block_ops += 2 * n + len(missing)
         if stored is None:
             rejected += 1
-            block_ops += 2 * n + len(missing)
         else:
             evictions += len(stored.block_hashes_evicted)
-            block_ops += 2 * n + 2 * len(missing)
+            block_ops += len(stored.block_hashes_to_store)
         done += 1
         if progress is not None and done == PROGRESS_EVERY:
             progress(done)
@@ -241,6 +274,7 @@ def replay(
         rejected_stores=rejected,
         block_ops=block_ops,
         wall_seconds=elapsed,
+        lookahead=lookahead,
     )
 
 

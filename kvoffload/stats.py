@@ -8,15 +8,16 @@ frozen dataclasses below, which are safe to hand to any thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from kvoffload.event_log import EventLogStats
 
-__all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"]
+__all__ = ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats", "WindowStats"]
 
 #: outcomes of blocks named in ``prepare_store`` / ``complete_store``
 STORE_OUTCOMES = ("stored", "skipped_present", "failed", "rejected_no_room")
-#: the lists of the ARC family (``arc``, ``kvarc``): resident T1, T2; ghosts B1, B2
+#: the lists of the ARC family (``arc``, ``kvarc``, ``hkvarc``): resident T1, T2; ghosts B1, B2
 ARC_LISTS = ("t1", "t2", "b1", "b2")
 
 
@@ -42,6 +43,25 @@ class ManagerCounters:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowStats:
+    """The hint window: the waiting requests a manager was told about with
+    ``hint`` and that have not been unhinted yet (whatever the policy)."""
+
+    #: requests in the window (tickets not yet unhinted)
+    requests: int
+    #: block hashes those requests will use, repeats counted
+    uses: int
+    #: distinct block hashes with a use in the window
+    blocks: int
+    #: of those, the ones resident (offloaded, stores in flight included)
+    resident: int
+
+
+#: the window of a manager nobody hinted
+_EMPTY_WINDOW = WindowStats(requests=0, uses=0, blocks=0, resident=0)
+
+
+@dataclass(frozen=True, slots=True)
 class ManagerStats:
     """A consistent picture of a manager at one instant."""
 
@@ -63,6 +83,12 @@ class ManagerStats:
     events: EventLogStats | None
     #: which of ``lists`` are ghost lists (hashes of evicted blocks, no data)
     ghost_list_names: frozenset[str] = frozenset()
+    #: the hint window (kept by the manager whatever the policy)
+    window: WindowStats = _EMPTY_WINDOW
+    #: the current policy's own counts since the manager was made, summed
+    #: over every time it was the policy (e.g. hkvarc's ``redirected``), so
+    #: they never go down; empty for lru, arc, kvarc
+    policy_counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def resident_lists(self) -> dict[str, int]:
@@ -82,7 +108,8 @@ class ManagerStats:
     @property
     def arc_lists(self) -> dict[str, int] | None:
         """The sizes of :data:`ARC_LISTS`, ``None`` unless the policy keeps
-        all four (``arc``, ``kvarc``)."""
+        all four (``arc``, ``kvarc``, ``hkvarc``; hkvarc's ``t1``/``t2`` leave
+        out its held blocks, which it reports as ``h1``/``h2``)."""
         if not all(name in self.lists for name in ARC_LISTS):
             return None
         return {name: self.lists[name] for name in ARC_LISTS}

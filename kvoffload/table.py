@@ -28,6 +28,11 @@ TAGS = 8
 NO_TAG = -1
 #: a :attr:`TouchRules.in_flight` destination: the block stays where it is
 STAY = -1
+#: the key of a hinted use is ``ticket * USE_STRIDE + position`` (positions
+#: past ``USE_STRIDE - 1`` count as ``USE_STRIDE - 1``): later uses, larger keys
+USE_STRIDE = 1 << 24
+#: tickets stop short of this, so that every key fits in 63 bits
+_MAX_TICKET = 1 << 39
 
 #: keys are any hashable object at run time; typed as the block hashes they are
 Key = BlockHash
@@ -132,6 +137,35 @@ class PyBlockTable:
         self.walked = 0
         self._ready_to, self._in_flight_to = _DEFAULT_MOVES
         self._touch_ghosts = False
+        # -- the hint window
+        #: per hinted hash: the keys of its uses in the window, ascending. A
+        #: hash here without a ``_tag`` entry is a hint-only entry
+        self._uses: dict[Key, list[int]] = {}
+        #: per ticket in the window: its hashes
+        self._tickets: dict[int, list[Key]] = {}
+        self._next_ticket = 1
+        self.window_uses = 0
+        self.window_resident = 0
+        self.holds = 0
+        self.window_found = 0
+        #: hint order: hinted resident entries are held out of their tag's order
+        self._hold = False
+        #: per resident tag: the held entries (hash -> handle)
+        self._held: list[dict[Key, Handle]] = [{} for _ in range(RESIDENT_TAGS)]
+        self._held_ready = [0] * RESIDENT_TAGS
+        #: (-key of the next use, hash) of every ready held entry; pairs that
+        #: no longer say so are dropped when popped
+        self._hheap: list[tuple[int, Key]] = []
+        #: the key each hash has a pair in ``_hheap`` for
+        self._hqueued: dict[Key, int] = {}
+
+    @property
+    def window_requests(self) -> int:
+        return len(self._tickets)
+
+    @property
+    def window_keys(self) -> int:
+        return len(self._uses)
 
     # -- reading ----------------------------------------------------------
 
@@ -143,7 +177,10 @@ class PyBlockTable:
 
     def _handle(self, h: Key, tag: int) -> Handle:
         main = self._main[tag]
-        return main[h] if h in main else self._aside[tag][h][1]
+        if h in main:
+            return main[h]
+        held = self._held[tag]
+        return held[h] if h in held else self._aside[tag][h][1]
 
     def get(self, h: Key, /) -> Handle:
         tag = self._tag.get(h, TAGS)
@@ -164,8 +201,11 @@ class PyBlockTable:
     def size(self, tag: int, /) -> int:
         tag = _any_tag(tag)
         if tag < RESIDENT_TAGS:
-            return len(self._main[tag]) + len(self._aside[tag])
+            return len(self._main[tag]) + len(self._aside[tag]) + len(self._held[tag])
         return len(self._ghosts[tag - RESIDENT_TAGS])
+
+    def held(self, tag: int, /) -> int:
+        return len(self._held[_resident_tag(tag)])
 
     def lookup(self, hashes: Iterable[Key], /) -> int:
         tag, refs = self._tag, self._refs
@@ -185,7 +225,9 @@ class PyBlockTable:
         if tag >= RESIDENT_TAGS:
             return list(self._ghosts[tag - RESIDENT_TAGS].items())
         aside = sorted(self._aside[tag].items(), key=lambda item: item[1][0])
-        return [(h, handle) for h, (_, handle) in aside] + list(self._main[tag].items())
+        uses = self._uses
+        held = sorted(self._held[tag].items(), key=lambda item: -uses[item[0]][0])
+        return [(h, handle) for h, (_, handle) in aside] + list(self._main[tag].items()) + held
 
     def keys(self, tag: int, /) -> list[Key]:
         return [h for h, _ in self.items(tag)]
@@ -237,16 +279,170 @@ class PyBlockTable:
         if entry is not None:
             self._aside_ready[tag] += 1
             self._queue(tag, h, entry[0])
+        elif h in self._held[tag]:
+            self._held_ready[tag] += 1
+            self._hqueue(h)
+
+    def _busy_again(self, h: Key, tag: int) -> None:
+        """``h``, ready, is pinned (its heap pair goes stale)."""
+        if h in self._aside[tag]:
+            self._aside_ready[tag] -= 1
+        elif h in self._held[tag]:
+            self._held_ready[tag] -= 1
 
     def _detach(self, h: Key, tag: int) -> Handle:
         """Take ``h`` out of the order of ``tag`` (its heap pair goes stale)."""
         main = self._main[tag]
         if h in main:
             return main.pop(h)
+        ready = not self._refs.get(h, 0)
+        held = self._held[tag]
+        if h in held:
+            self._held_ready[tag] -= ready
+            return held.pop(h)
         _, handle = self._aside[tag].pop(h)
-        if not self._refs.get(h, 0):
-            self._aside_ready[tag] -= 1
+        self._aside_ready[tag] -= ready
         return handle
+
+    def _retag(self, h: Key, tag: int, dest: int) -> None:
+        """The held entry ``h`` of ``tag`` is of tag ``dest`` now (same place)."""
+        self._held[dest][h] = self._held[tag].pop(h)
+        if not self._refs.get(h, 0):
+            self._held_ready[tag] -= 1
+            self._held_ready[dest] += 1
+        self._tag[h] = dest
+
+    # -- the hint window ------------------------------------------------------
+
+    def _hqueue(self, h: Key) -> None:
+        """Make sure the held heap has the pair of the ready held entry ``h``."""
+        key = self._uses[h][0]
+        queued = self._hqueued
+        if queued.get(h) == key:
+            return
+        heap = self._hheap
+        if len(heap) > 2 * sum(self._held_ready) + 32:  # mostly stale pairs: rebuild
+            refs, uses = self._refs, self._uses
+            queued.clear()
+            queued.update(
+                (k, uses[k][0]) for held in self._held for k in held if not refs.get(k, 0)
+            )
+            queued.pop(h, None)
+            heap[:] = [(-key_, k) for k, key_ in queued.items()]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (-key, h))
+        queued[h] = key
+
+    def _ready_held(self, taken: list[Key]) -> Iterator[tuple[Key, int, Handle]]:
+        """The ready held entries (hash, tag, handle), farthest next use first,
+        popped from the held heap; each popped hash is appended to ``taken``
+        (to be queued again unless its entry leaves)."""
+        heap, queued, refs, tags = self._hheap, self._hqueued, self._refs, self._tag
+        while heap:
+            neg, h = heapq.heappop(heap)
+            if queued.get(h) != -neg:
+                continue  # superseded by a later pair
+            del queued[h]
+            tag = tags.get(h, TAGS)
+            if tag >= RESIDENT_TAGS or h not in self._held[tag] or refs.get(h, 0):
+                continue  # no longer held and ready: queued again when it is
+            taken.append(h)
+            yield h, tag, self._held[tag][h]
+
+    def _hold_entry(self, h: Key, tag: int) -> None:
+        self._held[tag][h] = self._detach(h, tag)
+        self.holds += 1
+        if not self._refs.get(h, 0):
+            self._held_ready[tag] += 1
+            self._hqueue(h)
+
+    def hint(self, hashes: Iterable[Key], /) -> int:
+        hashes = list(hashes)
+        uses = self._uses
+        for h in hashes:
+            uses.get(h)  # a key whose hash or __eq__ raises changes nothing
+        ticket = self._next_ticket
+        if ticket >= _MAX_TICKET:
+            raise OverflowError("a BlockTable hands out fewer than 2**39 hint tickets")
+        self._next_ticket += 1
+        self._tickets[ticket] = hashes
+        base = ticket * USE_STRIDE
+        tags = self._tag
+        for p, h in enumerate(hashes):
+            key = base + min(p, USE_STRIDE - 1)
+            mine = uses.get(h)
+            if mine is not None:
+                mine.append(key)
+                continue
+            uses[h] = [key]
+            tag = tags.get(h, TAGS)
+            if tag < RESIDENT_TAGS:
+                self.window_resident += 1
+                if self._hold:
+                    self._hold_entry(h, tag)
+        self.window_uses += len(hashes)
+        return ticket
+
+    def unhint(self, ticket: int, /) -> None:
+        if type(ticket) is not int or ticket not in self._tickets:
+            raise KeyError(ticket)
+        hashes = self._tickets.pop(ticket)
+        self.window_found += self.lookup(hashes)
+        uses, tags = self._uses, self._tag
+        base = ticket * USE_STRIDE
+        for p, h in enumerate(hashes):
+            uses[h].remove(base + min(p, USE_STRIDE - 1))
+        self.window_uses -= len(hashes)
+        # last to first: the held entries that rejoin their lists end with
+        # the first hash most recent, as a touch leaves them
+        for h in reversed(hashes):
+            mine = uses.get(h)
+            if mine is None:
+                continue  # done at a later position
+            tag = tags.get(h, TAGS)
+            held = tag < RESIDENT_TAGS and h in self._held[tag]
+            if mine:
+                if held and not self._refs.get(h, 0):
+                    self._hqueue(h)  # its next use moved on
+                continue
+            del uses[h]
+            if tag < RESIDENT_TAGS:
+                self.window_resident -= 1
+                if held:
+                    self._main[tag][h] = self._detach(h, tag)
+
+    def next_uses(self, hashes: Iterable[Key], /) -> list[int]:
+        get = self._uses.get
+        return [mine[0] if (mine := get(h)) else -1 for h in hashes]
+
+    def farthest(self, protected: Container[Key], /) -> int:
+        taken: list[Key] = []
+        try:
+            for h, _, _ in self._ready_held(taken):
+                if h not in protected:
+                    return self._uses[h][0]
+            return -1
+        finally:
+            for h in taken:
+                self._hqueue(h)
+
+    def set_hint_order(self, on: bool, /) -> None:
+        on = bool(on)
+        if on == self._hold:
+            return
+        self._hold = on
+        tags = self._tag
+        if on:
+            for h in list(self._uses):
+                tag = tags.get(h, TAGS)
+                if tag < RESIDENT_TAGS:
+                    self._hold_entry(h, tag)
+            return
+        uses = self._uses
+        held = [(h, tag) for tag in range(RESIDENT_TAGS) for h in self._held[tag]]
+        held.sort(key=lambda item: -uses[item[0]][0])  # farthest first: the nearest ends last
+        for h, tag in held:
+            self._main[tag][h] = self._detach(h, tag)
 
     def _ready_aside(self, tag: int, taken: list[tuple[int, Key]]) -> Iterator[tuple[Key, Handle]]:
         """The ready entries set aside in ``tag``, in stamp order, popped
@@ -267,8 +463,11 @@ class PyBlockTable:
     # -- changes ------------------------------------------------------------
 
     def _drop(self, h: Key) -> Handle:
-        """Take a resident entry out of its order and out of the table."""
+        """Take a resident entry out of its order and out of the table (a
+        hinted one stays as a hint-only entry)."""
         handle = self._detach(h, self._tag.pop(h))
+        if h in self._uses:
+            self.window_resident -= 1
         ref = self._refs.pop(h, 0)
         if ref > 0:
             self.pinned -= 1
@@ -295,21 +494,46 @@ class PyBlockTable:
             if get(h, TAGS) < RESIDENT_TAGS or h in seen:
                 raise ValueError(h)
             seen.add(h)
+        uses, hold = self._uses, self._hold
         for h, handle, t in zip(hashes, handles, tags, strict=True):
             old = get(h)
             if old is not None:  # a ghost
                 del self._ghosts[old - RESIDENT_TAGS][h]
             self._tag[h] = t
-            self._main[t][h] = handle
             self._refs[h] = -1
+            if h not in uses:
+                self._main[t][h] = handle
+                continue
+            self.window_resident += 1
+            if hold:  # in flight: held, not in the heap until ready
+                self._held[t][h] = handle
+                self.holds += 1
+            else:
+                self._main[t][h] = handle
         self._resident += len(hashes)
         self.in_flight += len(hashes)
+
+    def insert_chain(
+        self, hashes: Iterable[Key], handles: Iterable[Handle], tag: int, readmit: int
+    ) -> list[int] | None:
+        hashes, handles = list(hashes), list(handles)
+        tag, readmit = _resident_tag(tag), _resident_tag(readmit)
+        if len(hashes) != len(handles):
+            raise ValueError(f"{len(hashes)} hashes but {len(handles)} handles")
+        tags = self.tags(reversed(hashes))
+        where = [readmit if t >= RESIDENT_TAGS else tag for t in tags]
+        self.insert(hashes[::-1], handles[::-1], where)
+        if hashes and tags[0] < RESIDENT_TAGS:  # the last hash was no ghost: cold
+            self.move(hashes[-1], tag, last=False)
+        met = [t for t in reversed(tags) if t >= RESIDENT_TAGS]
+        return met or None
 
     def complete(self, hashes: Iterable[Key], /) -> list[Key]:
         hashes = self._resident_list(hashes)
         refs = self._refs
         done = [h for h in dict.fromkeys(hashes) if refs.get(h, 0) < 0]
-        aside = any(self._aside)  # else no entry can be set aside (the usual case)
+        # else no entry can be set aside or held (the usual case)
+        aside = any(self._aside) or any(self._held)
         for h in done:
             del refs[h]
             if aside:
@@ -329,14 +553,14 @@ class PyBlockTable:
             if refs.get(h, 0) < 0:
                 raise ValueError(h)
         handles = []
-        aside = any(self._aside)
+        aside = any(self._aside) or any(self._held)
         for h in hashes:
             n = refs.get(h, 0)
             tag = self._tag[h]
             if not n:
                 self.pinned += 1
-                if aside and h in self._aside[tag]:
-                    self._aside_ready[tag] -= 1  # its heap pair goes stale
+                if aside:
+                    self._busy_again(h, tag)
             refs[h] = n + 1
             handles.append(self._handle(h, tag))
         return handles
@@ -348,7 +572,7 @@ class PyBlockTable:
             if refs.get(h, 0) < k:
                 raise ValueError(h)
         released = []
-        aside = any(self._aside)
+        aside = any(self._aside) or any(self._held)
         for h in hashes:
             n = refs[h] - 1
             if n:
@@ -371,6 +595,9 @@ class PyBlockTable:
         old = self._tag.get(h, TAGS)
         if old >= RESIDENT_TAGS:
             raise KeyError(h)
+        if h in self._held[old]:  # held: only its tag changes
+            self._retag(h, old, tag)
+            return
         handle = self._detach(h, old)
         self._tag[h] = tag
         if last:
@@ -384,7 +611,11 @@ class PyBlockTable:
         hashes = self._resident_list(hashes)
         main = self._main[tag]
         for h in hashes:
-            main[h] = self._detach(h, self._tag[h])
+            old = self._tag[h]
+            if h in self._held[old]:
+                self._retag(h, old, tag)
+                continue
+            main[h] = self._detach(h, old)
             self._tag[h] = tag
 
     def trim(self, tag: int, keep: int) -> int:
@@ -412,6 +643,7 @@ class PyBlockTable:
             ghosts.clear()
         self._ready_to, self._in_flight_to = _DEFAULT_MOVES
         self._touch_ghosts = False
+        self.set_hint_order(False)
 
     def touch(self, hashes: Iterable[Key], /) -> list[int] | None:
         tags, refs, mains = self._tag, self._refs, self._main
@@ -434,6 +666,9 @@ class PyBlockTable:
             main = mains[tag]
             if dest == tag and h in main:
                 main.move_to_end(h)
+            elif h in self._held[tag]:
+                if dest != tag:
+                    self._retag(h, tag, dest)
             else:
                 mains[dest][h] = self._detach(h, tag)
                 tags[h] = dest
@@ -451,6 +686,7 @@ class PyBlockTable:
         first: int | None = None,
         ghost_a: int | None = None,
         ghost_b: int | None = None,
+        spill: bool = False,
     ) -> tuple[list[Key], list[Handle], int] | None:
         a = _resident_tag(a)
         lists = [a] if b is None else [a, _resident_tag(b)]
@@ -466,7 +702,9 @@ class PyBlockTable:
         first = n if first is None else max(0, min(first, n))
         if n == 0:
             return [], [], 0
-        if n > sum(len(self._main[t]) + self._aside_ready[t] for t in lists):
+        spill = bool(spill)
+        room = sum(len(self._main[t]) + self._aside_ready[t] for t in lists)
+        if n > room + (sum(self._held_ready[t] for t in lists) if spill else 0):
             return None
         refs = self._refs
         ok = False
@@ -482,6 +720,8 @@ class PyBlockTable:
         ]
         passed: list[list[Key]] = [[] for _ in lists]  # entries in line walked past
         victims: list[list[tuple[Key, Handle]]] = [[] for _ in lists]
+        held_taken: list[Key] = []  # popped from the held heap
+        held: list[tuple[Key, int, Handle]] = []  # held victims, with their tags
 
         def walk(i: int, want: int) -> None:
             found, aside = victims[i], self._aside[lists[i]]
@@ -504,8 +744,24 @@ class PyBlockTable:
             total = sum(map(len, victims))
             if total < n:
                 walk(0, n - total + len(victims[0]))
-            ok = sum(map(len, victims)) == n
+            total = sum(map(len, victims))
+            if spill and total < n:
+                # then the held entries of these lists, farthest next use first
+                for h, tag, handle in self._ready_held(held_taken):
+                    if tag not in lists:
+                        continue
+                    self.walked += 1
+                    if h in protected:
+                        continue
+                    held.append((h, tag, handle))
+                    if total + len(held) == n:
+                        break
+            ok = total + len(held) == n
         finally:
+            gone_held = {h for h, _, _ in held} if ok else set()
+            for h in held_taken:
+                if h not in gone_held:
+                    self._hqueue(h)
             for i, t in enumerate(lists):
                 if taken[i]:  # popped from the heap: back unless evicted
                     gone = {h for h, _ in victims[i]} if ok else set()
@@ -516,6 +772,19 @@ class PyBlockTable:
             return None
         hashes: list[Key] = []
         handles: list[Handle] = []
+        uses = self._uses
+
+        def leave(h: Key, handle: Handle, ghost: int | None) -> None:
+            hashes.append(h)
+            handles.append(handle)
+            if h in uses:
+                self.window_resident -= 1
+            if ghost is None:
+                del self._tag[h]  # a hinted one stays as a hint-only entry
+            else:
+                self._tag[h] = ghost
+                self._ghosts[ghost - RESIDENT_TAGS][h] = None
+
         for i, t in enumerate(lists):
             ghost, main = ghost_of[i], self._main[t]
             for h, handle in victims[i]:
@@ -523,16 +792,13 @@ class PyBlockTable:
                     del main[h]
                 else:
                     self._detach(h, t)
-                hashes.append(h)
-                handles.append(handle)
-                if ghost is None:
-                    del self._tag[h]
-                else:
-                    self._tag[h] = ghost
-                    self._ghosts[ghost - RESIDENT_TAGS][h] = None
+                leave(h, handle, ghost)
             for h in passed[i]:  # in walking order: later stamps than any before
                 self._set_aside(h, t, main.pop(h), self._late)
                 self._late += 1
+        for h, tag, handle in held:
+            self._detach(h, tag)
+            leave(h, handle, ghost_of[lists.index(tag)])
         self._resident -= n
         return hashes, handles, len(victims[0])
 
@@ -598,6 +864,7 @@ __all__ = [
     "RESIDENT_TAGS",
     "STAY",
     "TAGS",
+    "USE_STRIDE",
     "BlockTable",
     "PyBlockTable",
     "TableList",

@@ -104,3 +104,20 @@ def test_bench_hosted_reports_the_ratio_to_the_bare_manager() -> None:
     rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r}
     assert rows["bare"][-1] == "1.00x"
     assert float(rows["hosted"][-1].rstrip("x")) > 0
+
+
+def test_bench_lookahead_prints_the_grid_and_the_speed_table() -> None:
+    out = run_bench("bench/lookahead.py", "--quick", "--only", "synthetic,gen-scan-s14")
+    assert "== grid" in out and "== speed" in out and "targets failed: 0" in out
+    cells = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ")]
+    rows = [[c.strip() for c in cell] for cell in cells[1:]]  # after the header
+    # 2 workloads x 2 capacities x 2 windows in --quick
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (name, cap, w) for name in ("synthetic", "gen-scan-s14") for cap in ("5%", "10%")
+        for w in ("0", "32")
+    ]  # fmt: skip
+    for r in rows:
+        baseline, kvarc, hkvarc, bound = map(float, r[3:7])
+        assert max(baseline, kvarc) <= bound and hkvarc > 0
+    speed = [line.split() for line in out.splitlines() if line.startswith("synthetic ")]
+    assert [r[1] for r in speed] == ["5%", "10%"]

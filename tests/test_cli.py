@@ -54,7 +54,7 @@ def test_cli_replay_prints_a_table() -> None:
     header, *rows = done.stdout.splitlines()
     assert header.split() == [
         "trace", "policy", "capacity", "cap", "%", "prefix", "hit", "belady", "hit",
-        "block", "ops/s", "evictions",
+        "block", "ops/s", "evictions", "lookahead",
     ]  # fmt: skip
     assert len(rows) == 2 * 2 * 2
     first = rows[0].split()
@@ -89,7 +89,7 @@ def test_cli_replay_json_has_every_field() -> None:
             "trace", "policy", "capacity_blocks", "capacity_percent", "requests",
             "block_accesses", "hit_blocks", "prefix_hit_ratio", "belady_hit_blocks",
             "belady_hit_ratio", "evictions", "rejected_stores", "block_ops",
-            "block_ops_per_second", "wall_seconds",
+            "block_ops_per_second", "wall_seconds", "lookahead",
         }  # fmt: skip
         assert run["capacity_blocks"] == trace["capacities"][0]
         assert run["prefix_hit_ratio"] == run["hit_blocks"] / run["block_accesses"]
@@ -120,6 +120,24 @@ def test_cli_replay_defaults_compare_every_policy_on_each_trace_at_four_capaciti
         assert run["hit_blocks"] <= run["belady_hit_blocks"]
 
 
+def test_cli_replay_lookahead_hints_the_queue_and_only_hkvarc_uses_it() -> None:
+    ratios: dict[tuple[str, int], float] = {}
+    for lookahead in (0, 64):
+        done = kvoffload(
+            "replay", SYNTHETIC, "--capacity", "5%", "--limit", "1500", "--json",
+            "--lookahead", str(lookahead),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        for run in json.loads(done.stdout)["runs"]:
+            assert run["lookahead"] == lookahead
+            ratios[run["policy"], lookahead] = run["prefix_hit_ratio"]
+    for policy in available_policies():
+        if policy != "hkvarc":  # the others ignore hints: the same hits at every W
+            assert ratios[policy, 64] == ratios[policy, 0], policy
+    assert ratios["hkvarc", 0] == ratios["kvarc", 0]
+    assert ratios["hkvarc", 64] > ratios["kvarc", 64] + 0.01
+
+
 def test_cli_errors_exit_2_with_one_line() -> None:
     done = kvoffload("replay", "missing.jsonl")
     assert done.returncode == 2
@@ -145,6 +163,12 @@ def test_cli_errors_exit_2_with_one_line() -> None:
             "cannot import 'no_such_module_xyz': ModuleNotFoundError",
         ),
         (["replay", SYNTHETIC, "--trace-block-size", "x"], "--trace-block-size"),
+        (
+            ["replay", SYNTHETIC, "--lookahead", "-8"],
+            "argument --lookahead: expected a number of requests to hint ahead, 0 or more, "
+            "got '-8'",
+        ),
+        (["replay", SYNTHETIC, "--lookahead", "many"], "argument --lookahead: expected"),
         (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
         (["replay"], "the following arguments are required: TRACE"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvoffload import BlockHash, CPUBackend, LRUOffloadingManager
+from kvoffload import BlockHash, CPUBackend, LRUOffloadingManager, PolicyOffloadingManager
 from kvoffload.errors import ConfigError
 from kvoffload.policies import available_policies
 from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
@@ -276,6 +276,61 @@ def test_replay_uses_a_given_manager_and_reports_progress() -> None:
     assert sum(seen) == 1500
     with pytest.raises(ConfigError):
         replay(trace, policy="lru", capacity=0)
+
+
+class WindowRecorder(PolicyOffloadingManager):
+    """Records, at each request's touch, the window and the next hinted use
+    of the request's first block."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(CPUBackend(block_size=512, num_blocks=capacity), policy="hkvarc")
+        self.seen: list[tuple[int, int]] = []
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:  # type: ignore[override]
+        self.seen.append((self.stats().window.requests, self.table.next_uses(block_hashes)[0]))
+        super().touch(block_hashes)
+
+
+@pytest.mark.parametrize("lookahead", [1, 3, 10])
+def test_replay_lookahead_hints_the_next_w_requests_not_the_one_served(lookahead: int) -> None:
+    trace = trace_of([1], [2], [1], [3], [1])
+    m = WindowRecorder(capacity=4)
+    replay(trace, policy="hkvarc", capacity=4, manager=m, lookahead=lookahead)
+    n = trace.requests
+    assert [w for w, _ in m.seen] == [min(lookahead, n - 1 - i) for i in range(n)]
+    # block 1 is used by requests 0, 2 and 4 (tickets 1, 3, 5): at each of
+    # them its next hinted use is the next of those in the window, never
+    # the request being served
+    stride = 1 << 24
+    expected = [
+        next(((j + 1) * stride for j in (2, 4) if i < j <= i + lookahead), -1) for i in (0, 2, 4)
+    ]
+    assert [m.seen[i][1] for i in (0, 2, 4)] == expected
+
+
+@pytest.mark.parametrize("policy", sorted(set(available_policies()) - {"hkvarc"}))
+def test_replay_lookahead_is_ignored_by_policies_that_do_not_use_hints(policy: str) -> None:
+    _, trace = conversation_slice(1500)
+    plain, hinted = (replay(trace, policy=policy, capacity=400, lookahead=w) for w in (0, 64))
+    assert (hinted.hit_blocks, hinted.evictions, hinted.block_ops) == (
+        plain.hit_blocks,
+        plain.evictions,
+        plain.block_ops,
+    )
+    assert (plain.lookahead, hinted.lookahead) == (0, 64)
+
+
+def test_replay_lookahead_must_be_a_count_and_the_manager_must_take_hints() -> None:
+    trace = trace_of([1, 2])
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ConfigError, match="lookahead must be a whole number"):
+            replay(trace, policy="lru", capacity=4, lookahead=bad)  # type: ignore[arg-type]
+
+    class NoHints(LRUOffloadingManager):
+        hint = None  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match="lookahead needs a manager that takes hints"):
+        replay(trace, policy="lru", capacity=4, manager=NoHints(CPUBackend(512, 4)), lookahead=2)
 
 
 def test_replay_hashes_are_chained_block_hashes() -> None:

@@ -196,18 +196,42 @@ METRICS: tuple[MetricSpec, ...] = (
     _g(
         "kvoffload_arc_list_blocks",
         "Sizes of the ARC family's lists: t1 and t2 in resident offloaded blocks, b1 and b2 in "
-        "remembered hashes of evicted ones; present only while arc or kvarc is the policy.",
+        "remembered hashes of evicted ones; present only while arc, kvarc or hkvarc is the policy.",
         ("list",),
     ),
     _g(
         "kvoffload_arc_target_t1_blocks",
         "The ARC family's adaptive target size of list t1, in offloaded blocks; present only "
-        "while arc or kvarc is the policy.",
+        "while arc, kvarc or hkvarc is the policy.",
     ),
     _g(
         "kvoffload_policy_parameter",
         "Adaptive parameters of the current eviction policy, by parameter name.",
         ("policy", "name"),
+    ),
+    _c(
+        "kvoffload_policy_counts_total",
+        "The current eviction policy's own counts, by name, since start (summed over every "
+        "time it was the policy); hkvarc: deferred, redirected and declined_blocks in offloaded "
+        "blocks, hinted_hits in offloaded blocks hit. lru, arc and kvarc have none.",
+        ("policy", "name"),
+    ),
+    _g(
+        "kvoffload_hint_window_requests",
+        "Requests in the hint window: hinted as waiting to be served and not unhinted yet "
+        "(the runtime's waiting queue; kept whatever the policy).",
+    ),
+    _g(
+        "kvoffload_hint_window_uses",
+        "Offloaded block hashes the requests in the hint window will use, repeats counted.",
+    ),
+    _g(
+        "kvoffload_hint_window_blocks",
+        "Distinct offloaded blocks the requests in the hint window will use (offloaded or not).",
+    ),
+    _g(
+        "kvoffload_hint_window_resident_blocks",
+        "Offloaded blocks the requests in the hint window will use that are resident now.",
     ),
     MetricSpec(
         "kvoffload_build_info",

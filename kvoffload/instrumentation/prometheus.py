@@ -259,6 +259,16 @@ class KVOffloadCollector:
             ("policy", "name"),
             [((policy, k), v) for k, v in s.params.items()],
         )
+        yield _family(
+            "kvoffload_policy_counts_total",
+            ("policy", "name"),
+            [((policy, k), v) for k, v in s.policy_counters.items()],
+        )
+        w = s.window
+        yield _scalar("kvoffload_hint_window_requests", w.requests)
+        yield _scalar("kvoffload_hint_window_uses", w.uses)
+        yield _scalar("kvoffload_hint_window_blocks", w.blocks)
+        yield _scalar("kvoffload_hint_window_resident_blocks", w.resident)
         arc_lists = s.arc_lists  # arc and kvarc
         if arc_lists is not None:
             yield _family(

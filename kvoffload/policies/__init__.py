@@ -31,6 +31,7 @@ _REGISTRY: dict[str, str] = {
     "lru": "kvoffload.policies.lru:LRUPolicy",
     "arc": "kvoffload.policies.arc:ARCPolicy",
     "kvarc": "kvoffload.policies.kvarc:KVARCPolicy",
+    "hkvarc": "kvoffload.policies.hkvarc:HKVARCPolicy",
 }
 
 

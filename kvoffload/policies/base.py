@@ -14,7 +14,7 @@ a policy; ``docs/block-table.md`` says what the table does.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Container, Sequence
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -113,6 +113,26 @@ class EvictionPolicy(ABC):
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         """Remove and return ``n`` evictable blocks, or ``None`` (no change)."""
 
+    def admit(
+        self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
+    ) -> int:
+        """How many of ``block_hashes`` (the absent hashes of a
+        ``prepare_store`` call, in order) to store, the rest declined.
+
+        Asked only when storing all of them would evict ``n_evict >= 1``
+        blocks and the victims would have to include hinted ones: fewer
+        than ``n_evict`` resident blocks are neither used by a request in
+        the hint window nor named in the call (``protected``: every hash
+        the call names). Storing a prefix keeps a chain a chain. Changes
+        nothing but the policy's own counters.
+
+        The default stores everything, and the manager does not ask a
+        policy that keeps it. A policy that declines makes ``prepare_store``
+        return the prefix it keeps as ``block_hashes_to_store`` (callers
+        complete those only, as vLLM's do).
+        """
+        return len(block_hashes)
+
     def evict_from(
         self,
         a: int,
@@ -157,6 +177,12 @@ class EvictionPolicy(ABC):
 
     def params(self) -> dict[str, float]:
         """The policy's adaptive parameters (for stats and metrics)."""
+        return {}
+
+    def counters(self) -> dict[str, int]:
+        """The policy's own monotonic counters since it was made, by name
+        (for stats and metrics; e.g. how often it used a hint). None by
+        default."""
         return {}
 
     def clear_ghosts(self) -> None:

@@ -53,7 +53,7 @@ beyond the resident blocks (one block-table entry each, about 50 bytes).
 
 Throughput: 0.69-0.80x LRU's block operations per second
 (``bench/managers.py``; issue 8 asked 0.7x). Touch is the table's, with
-rules; insert looks up the chain's ghost tags first; eviction is the
+rules; insert is one table call (``insert_chain``); eviction is the
 table's two-list walk, plus a ghost trim every ``GHOST_FACTOR x capacity``
 victims or so.
 """
@@ -66,7 +66,7 @@ from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2, TwoListPolicy
 from kvoffload.policies.base import Victims
-from kvoffload.table import STAY, TouchRules
+from kvoffload.table import STAY, BlockTable, TouchRules
 
 __all__ = ["GHOST_FACTOR", "KVARCPolicy"]
 
@@ -87,31 +87,34 @@ class KVARCPolicy(TwoListPolicy):
     # when stored again, not when touched.
     touch_rules = TouchRules(ready={T1: T2}, in_flight={T1: STAY})
 
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        super().__init__(capacity, table)
+        # Each ghost list keeps at least `bound` hashes; it is trimmed back to
+        # that once an eviction leaves it with more than twice as many. No
+        # list can get there before `_slack` more victims: the lists are
+        # looked at only then.
+        self._bound = GHOST_FACTOR * capacity
+        self._slack = 0
+
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
-        if not block_hashes:
+        # head most recent (the chain's tail is evicted first), ghosts to T2,
+        # a tail that was no ghost to T1's cold end: one table call
+        met = self.table.insert_chain(block_hashes, blocks, T1, T2)
+        if met is None:
             return
+        # Wanted again after eviction: proven useful, so T2. And ARC's
+        # adaptation, once for the batch: a T1 ghost says T1 was too small
+        # (its target grows by max(1, |B2|/|B1|) per ghost), a T2 ghost the
+        # reverse; the ghost lists as they were before these left them.
         table = self.table
-        tags = table.tags(block_hashes)
-        hit1, hit2 = tags.count(B1), tags.count(B2)
-        if hit1 or hit2:
-            # Wanted again after eviction: proven useful, so T2. And ARC's
-            # adaptation, once for the batch: a T1 ghost says T1 was too
-            # small (its target grows by max(1, |B2|/|B1|) per ghost), a T2
-            # ghost the reverse.
-            b1, b2 = table.size(B1), table.size(B2)
-            step1 = max(1.0, b2 / b1) * hit1 if hit1 else 0.0
-            step2 = max(1.0, b1 / b2) * hit2 if hit2 else 0.0
-            target = self.target_t1_size + step1 - step2
-            self.target_t1_size = min(float(self.capacity), max(0.0, target))
-            self.ghost_hits["b1"] += hit1
-            self.ghost_hits["b2"] += hit2
-            where: int | list[int] = [T2 if t in (B1, B2) else T1 for t in reversed(tags)]
-        else:
-            where = T1
-        # head most recent: the chain's tail is evicted first
-        table.insert(block_hashes[::-1], blocks[::-1], where)
-        if tags[-1] not in (B1, B2):  # the tail is in T1: to its cold end
-            table.move(block_hashes[-1], T1, last=False)
+        hit1, hit2 = met.count(B1), met.count(B2)
+        b1, b2 = table.size(B1) + hit1, table.size(B2) + hit2
+        step1 = max(1.0, b2 / b1) * hit1 if hit1 else 0.0
+        step2 = max(1.0, b1 / b2) * hit2 if hit2 else 0.0
+        target = self.target_t1_size + step1 - step2
+        self.target_t1_size = min(float(self.capacity), max(0.0, target))
+        self.ghost_hits["b1"] += hit1
+        self.ghost_hits["b2"] += hit2
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
         # T1 down to its target once the n blocks being stored join it,
@@ -120,10 +123,14 @@ class KVARCPolicy(TwoListPolicy):
         first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
         victims = self._evict(n, protected, first)
         if victims is not None:
-            # Each ghost list keeps at least `bound` hashes; trimmed in
-            # batches once it holds twice that.
-            bound = GHOST_FACTOR * self.capacity
-            for tag in (B1, B2):
-                if table.size(tag) > 2 * bound:
-                    table.trim(tag, bound)
+            self._slack -= n
+            if self._slack < 0:
+                self._trim_ghosts()
         return victims
+
+    def _trim_ghosts(self) -> None:
+        table, bound = self.table, self._bound
+        for tag in (B1, B2):
+            if table.size(tag) > 2 * bound:
+                table.trim(tag, bound)
+        self._slack = 2 * bound - max(table.size(B1), table.size(B2))

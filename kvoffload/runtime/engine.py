@@ -1,8 +1,10 @@
 """The serving loop: drives an offloading manager and the swap handler step by step.
 
 Requests that have arrived wait in a queue
-(:mod:`~kvoffload.runtime.arrivals`, at most ``max_waiting_requests``); each
-step takes the oldest, up to ``max_requests_per_step``, and serves each one's blocks in the order
+(:mod:`~kvoffload.runtime.arrivals`, at most ``max_waiting_requests``), each
+hinted to the manager as it joins and unhinted right before it is served, so
+the manager's hint window is the queue whatever the policy; each step takes the
+oldest, up to ``max_requests_per_step``, and serves each one's blocks in the order
 vLLM's offloading connector uses (:mod:`~kvoffload.runtime.scheduling`);
 finished transfer jobs are completed between requests
 (:mod:`~kvoffload.runtime.jobs`). Every loaded block is verified byte for byte.
@@ -20,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
@@ -42,7 +45,7 @@ from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.jobs import TransferJobs
 from kvoffload.runtime.kv_store import GPUKVStore
 from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
-from kvoffload.runtime.scheduling import RequestScheduler
+from kvoffload.runtime.scheduling import RequestBlocks, RequestScheduler
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.runtime.workloads import Request, Workload
 from kvoffload.transfer.faults import FaultInjectingHandler
@@ -142,7 +145,13 @@ class Engine:
             workload.trace_block_size,
             self._request_finished,
         )
-        self._queue = WaitingQueue(Arrivals(workload, config.speed), config.max_waiting_requests)
+        # The waiting requests, each hinted to the manager as it arrives (in
+        # queue order) and unhinted right before it is served: ``_hinted``
+        # holds their blocks and tickets, aligned with the queue (both FIFO).
+        self._hinted: deque[tuple[Request, RequestBlocks, int]] = deque()
+        self._queue = WaitingQueue(
+            Arrivals(workload, config.speed), config.max_waiting_requests, on_arrival=self._hint
+        )
         self._state: EngineState = "created"
         self._policy_version = 1
         self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
@@ -365,6 +374,10 @@ class Engine:
                         EngineStoppedError("the engine stopped before applying the command")
                     )
 
+    def _hint(self, r: Request) -> None:
+        blocks = self._scheduler.blocks(r)
+        self._hinted.append((r, blocks, self.manager.hint(blocks.offloaded)))
+
     def step(self) -> bool:
         """Take one engine step; ``False`` when the workload is exhausted."""
         waiting = self._queue
@@ -388,8 +401,12 @@ class Engine:
         policy = self.manager.policy  # commands, a switch included, come between steps
         evictions_before = dict(policy.evictions)
         self._jobs.collect()
+        hinted, manager = self._hinted, self.manager
         for r in batch:
-            scheduler.serve(r, step)
+            queued, blocks, ticket = hinted.popleft()
+            assert queued is r, "the hint queue is out of step with the waiting queue"
+            manager.unhint(ticket)
+            scheduler.serve(r, step, blocks)
         self._jobs.collect()
         end = time.perf_counter_ns()
         c.steps = step

@@ -147,6 +147,16 @@ class HostedManager(OffloadingManager):
     def take_events(self) -> list[OffloadingEvent]:
         return self._call(self.manager.take_events)
 
+    # Hints do not act on a lookup's answer (the host's next protocol call
+    # does), so like queries they leave it outstanding: a reset stays held.
+    def hint(self, block_hashes: Iterable[BlockHash]) -> int:
+        """:meth:`PolicyOffloadingManager.hint` of the wrapped manager."""
+        return self._call(self.manager.hint, block_hashes, query=True)
+
+    def unhint(self, ticket: int) -> None:
+        """:meth:`PolicyOffloadingManager.unhint` of the wrapped manager."""
+        self._call(self.manager.unhint, ticket, query=True)
+
     def stats(self) -> ManagerStats:
         return self._call(self.manager.stats, query=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple
 
 from kvoffload.abstract import BlockHash
 from kvoffload.errors import ConfigError
@@ -24,7 +25,16 @@ from kvoffload.runtime.observer import RequestRecord
 from kvoffload.runtime.snapshot import RuntimeStats
 from kvoffload.runtime.workloads import Request, engine_block_hashes
 
-__all__ = ["RequestScheduler"]
+__all__ = ["RequestBlocks", "RequestScheduler"]
+
+
+class RequestBlocks(NamedTuple):
+    """One request's block hashes: ``gpu`` (one per GPU block of its prompt,
+    cut to what the GPU cache can prefill) and ``offloaded`` (one per
+    offloaded block: every ``block_factor``-th GPU hash)."""
+
+    gpu: list[BlockHash]
+    offloaded: list[BlockHash]
 
 
 class RequestScheduler:
@@ -51,27 +61,34 @@ class RequestScheduler:
         self.trace_block_size = trace_block_size
         self.on_finished = on_finished
 
-    def serve(self, r: Request, step: int) -> None:
-        """Schedule ``r``'s blocks."""
+    def blocks(self, r: Request) -> RequestBlocks:
+        """The GPU and offloaded block hashes ``r`` will use: what the engine
+        hints when ``r`` arrives and serves when its turn comes."""
+        k = self.config.block_factor
+        gpu_hashes = engine_block_hashes(
+            r.block_ids,
+            trace_block_size=self.trace_block_size,
+            engine_block_size=self.config.gpu_block_size,
+            num_tokens=r.input_length,
+        )
+        # A request larger than the GPU cache cannot be prefilled at once;
+        # keep the prefix that fits (counted in the prompt tokens).
+        limit = max(k, (self.kv.num_blocks // 2) // k * k)
+        if len(gpu_hashes) > limit:
+            gpu_hashes = gpu_hashes[:limit]
+        offloaded = [gpu_hashes[(j + 1) * k - 1] for j in range(len(gpu_hashes) // k)]
+        return RequestBlocks(gpu_hashes, offloaded)
+
+    def serve(self, r: Request, step: int, blocks: RequestBlocks | None = None) -> None:
+        """Schedule ``r``'s blocks (``blocks``: ``self.blocks(r)``, if known)."""
         started_ns = time.perf_counter_ns()
         cfg = self.config
         kv = self.kv
         m = self.manager
         k = cfg.block_factor
         bs = cfg.gpu_block_size
-        gpu_hashes = engine_block_hashes(
-            r.block_ids,
-            trace_block_size=self.trace_block_size,
-            engine_block_size=bs,
-            num_tokens=r.input_length,
-        )
-        # A request larger than the GPU cache cannot be prefilled at once;
-        # keep the prefix that fits (counted in the prompt tokens).
-        limit = max(k, (kv.num_blocks // 2) // k * k)
-        if len(gpu_hashes) > limit:
-            gpu_hashes = gpu_hashes[:limit]
+        gpu_hashes, offloaded = blocks if blocks is not None else self.blocks(r)
         n = len(gpu_hashes)
-        offloaded = [gpu_hashes[(j + 1) * k - 1] for j in range(n // k)]
         if offloaded:
             m.touch(offloaded)
         # Make sure the request's blocks fit, finishing jobs if needed.

@@ -16,11 +16,13 @@ from kvoffload.policies import available_policies, policy_class
 from kvoffload.spec import OffloadingConfig, _positive_int
 
 __all__ = [
+    "DEFAULT_LOOKAHEAD",
     "EXTRA_CONFIG_KEYS",
     "MAX_PORT",
     "SPEC_MODULE_PATH",
     "SPEC_NAME",
     "admin_port",
+    "lookahead",
     "offloading_config",
 ]
 
@@ -35,10 +37,13 @@ EXTRA_CONFIG_KEYS = (
     "block_size",
     "eviction_policy",
     "admin_port",
+    "lookahead",
 )
 
 #: the ports ``admin_port`` may name (0: any free port)
 MAX_PORT = 65535
+#: waiting requests :class:`~kvoffload.vllm.HintingScheduler` hints by default
+DEFAULT_LOOKAHEAD = 64
 
 
 def offloading_config(
@@ -51,7 +56,8 @@ def offloading_config(
     keys (with the valid ones), ``num_cpu_blocks`` missing or not a positive
     integer, ``block_size`` not a positive multiple of ``gpu_block_size``, an
     unknown ``eviction_policy`` (with the registered ones), an ``admin_port``
-    that is not an integer from 0 to 65535 (read it with :func:`admin_port`).
+    that is not an integer from 0 to 65535 (read it with :func:`admin_port`), a
+    ``lookahead`` that is not a non-negative integer (:func:`lookahead`).
     """
     problems: list[str] = []
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
@@ -92,10 +98,11 @@ def offloading_config(
             f"{', '.join(available_policies())})"
         )
 
-    try:
-        admin_port(extra)
-    except ConfigError as exc:
-        problems.append(str(exc))
+    for check in (admin_port, lookahead):
+        try:
+            check(extra)
+        except ConfigError as exc:
+            problems.append(str(exc))
 
     if problems:
         raise ConfigError(
@@ -124,3 +131,17 @@ def admin_port(extra: Mapping[str, Any]) -> int | None:
             f"admin_port must be an integer from 0 to {MAX_PORT} (0: any free port), got {port!r}"
         )
     return port
+
+
+def lookahead(extra: Mapping[str, Any]) -> int:
+    """The extra config's ``lookahead``: how many waiting requests
+    :class:`~kvoffload.vllm.HintingScheduler` hints to the manager (0: none;
+    :data:`DEFAULT_LOOKAHEAD` when absent). Raises
+    :class:`~kvoffload.errors.ConfigError` when it is not an integer >= 0."""
+    n = extra.get("lookahead", DEFAULT_LOOKAHEAD)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(
+            f"lookahead must be an integer >= 0 (waiting requests the HintingScheduler hints; "
+            f"0: none), got {n!r}"
+        )
+    return n

@@ -16,7 +16,11 @@ SWITCHES = 200
 #: switched to in turn, from the start policy lru: arc, kvarc, lru, arc...
 POLICIES = available_policies()
 #: how many hashes each ghost list may remember, in capacities
-GHOST_BOUND = {"arc": 1, "kvarc": 2 * GHOST_FACTOR}  # kvarc trims in batches
+GHOST_BOUND = {
+    "arc": 1,
+    "kvarc": 2 * GHOST_FACTOR,
+    "hkvarc": 2 * GHOST_FACTOR,
+}  # kvarc trims in batches
 
 
 def check_invariants(view: dict[str, Any]) -> None:
@@ -28,11 +32,14 @@ def check_invariants(view: dict[str, Any]) -> None:
     ghost_lists = view["ghost_lists"]
     arc = view["arc"]
     if view["policy"] in GHOST_BOUND:
-        assert lists["t1"] + lists["t2"] == b["used"]
+        assert sum(lists.values()) == b["used"]  # t1 + t2, and hkvarc's held h1 + h2
         ghosts = GHOST_BOUND[view["policy"]] * b["capacity"]
         assert ghost_lists["b1"] <= ghosts and ghost_lists["b2"] <= ghosts
         assert arc is not None
-        assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == {**lists, **ghost_lists}
+        every = {**lists, **ghost_lists}
+        assert {k: arc[k] for k in ("t1", "t2", "b1", "b2")} == {
+            k: every[k] for k in ("t1", "t2", "b1", "b2")
+        }
         assert 0 <= arc["target_t1_size"] <= b["capacity"]
     else:
         assert lists == {"lru": b["used"]} and ghost_lists == {}

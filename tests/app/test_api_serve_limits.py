@@ -367,6 +367,11 @@ def test_padded_or_empty_token_is_refused_at_start(token: str) -> None:
         (["--device", "cuda:7"], 2, "device 'cuda:7' is not available"),
         (["--uds", "/nonexistent/dir/sock"], 2, "unrecognized arguments: --uds"),
         (["--host", "no-such-host.invalid"], 1, "cannot listen on no-such-host.invalid"),
+        (
+            ["--max-waiting-requests", "2", "--max-requests-per-step", "4"],
+            2,
+            "max_waiting_requests (2) must be at least max_requests_per_step (4)",
+        ),
     ],
 )
 def test_bad_start_up_settings_fail_in_one_line(flags: list[str], code: int, fragment: str) -> None:

@@ -18,12 +18,13 @@ import kvoffload
 
 PACKAGE = Path(kvoffload.__file__).parent
 #: modules that import vLLM, and the names of others that come from them
-NEEDS_VLLM = {"kvoffload.vllm.spec"}
-FROM_VLLM_SPEC = {"KVOffloadSpec"}
+NEEDS_VLLM = {"kvoffload.vllm.scheduler", "kvoffload.vllm.spec"}
+FROM_VLLM_SPEC = {"HintingScheduler", "KVOffloadSpec"}
 
 EXPORTS = {
     "kvoffload.abstract": [
         "BlockHash", "LoadStoreSpec", "OffloadingEvent", "OffloadingManager", "PrepareStoreOutput",
+        "SupportsHints",
     ],
     "kvoffload.backend": ["Backend", "BlockStatus", "Handle"],
     "kvoffload.backends": ["CPUBackend", "CPUBlockStatus"],
@@ -31,6 +32,7 @@ EXPORTS = {
     "kvoffload.cli": ["main"],
     "kvoffload.errors": [
         "BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError",
+        "UnknownTicketError",
     ],
     "kvoffload.event_log": [
         "EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage", "EventRecord",
@@ -61,6 +63,7 @@ EXPORTS = {
     ],
     "kvoffload.policies.arc": ["B1", "B2", "T1", "T2", "ARCList", "ARCPolicy", "TwoListPolicy"],
     "kvoffload.policies.base": ["EvictionPolicy", "Victims"],
+    "kvoffload.policies.hkvarc": ["HKVARCPolicy"],
     "kvoffload.policies.kvarc": ["GHOST_FACTOR", "KVARCPolicy"],
     "kvoffload.policies.lru": ["LRU", "LRUList", "LRUPolicy"],
     "kvoffload.replay": [
@@ -82,7 +85,7 @@ EXPORTS = {
     "kvoffload.runtime.jobs": ["TransferJobs"],
     "kvoffload.runtime.kv_store": ["GPUKVStore", "block_pattern", "hash_seed"],
     "kvoffload.runtime.observer": ["Direction", "EngineObserver", "RequestRecord", "TransferRecord"],
-    "kvoffload.runtime.scheduling": ["RequestScheduler"],
+    "kvoffload.runtime.scheduling": ["RequestBlocks", "RequestScheduler"],
     "kvoffload.runtime.snapshot": ["EngineSnapshot", "EngineState", "RuntimeStats"],
     "kvoffload.runtime.synthetic": ["SyntheticConfig", "SyntheticWorkload"],
     "kvoffload.runtime.trace": ["DEFAULT_TRACE_BLOCK_SIZE", "TraceWorkload", "load_mooncake_trace"],
@@ -91,10 +94,12 @@ EXPORTS = {
         "loop", "paced",
     ],
     "kvoffload.spec": ["CPUOffloadingSpec", "OffloadingConfig", "OffloadingSpec", "available_policies"],
-    "kvoffload.stats": ["ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats"],
+    "kvoffload.stats": [
+        "ARC_LISTS", "STORE_OUTCOMES", "ManagerCounters", "ManagerStats", "WindowStats",
+    ],
     "kvoffload.table": [
-        "IMPLEMENTATION", "NO_TAG", "RESIDENT_TAGS", "STAY", "TAGS", "BlockTable", "PyBlockTable",
-        "TableList", "TouchRules",
+        "IMPLEMENTATION", "NO_TAG", "RESIDENT_TAGS", "STAY", "TAGS", "USE_STRIDE", "BlockTable",
+        "PyBlockTable", "TableList", "TouchRules",
     ],
     "kvoffload.transfer": [
         "CpuGpuOffloadingHandler", "OffloadingHandler", "OffloadingWorker", "TransferResult",
@@ -116,19 +121,21 @@ EXPORTS = {
         "OffloadingHandler", "OffloadingWorker", "TransferResult", "TransferSpec", "TransferType",
     ],
     "kvoffload.vllm": [
-        "EXTRA_CONFIG_KEYS", "KVOffloadSpec", "ReportingHandler", "add_transfer_listener",
-        "admin_port", "live_admin_servers", "live_handlers", "live_managers", "offloading_config",
+        "EXTRA_CONFIG_KEYS", "HintingScheduler", "KVOffloadSpec", "ReportingHandler",
+        "add_transfer_listener", "admin_port", "live_admin_servers", "live_handlers",
+        "live_managers", "lookahead", "offloading_config",
     ],
     "kvoffload.vllm.admin": ["VLLMHostedManager", "serve_admin"],
     "kvoffload.vllm.config": [
-        "EXTRA_CONFIG_KEYS", "MAX_PORT", "SPEC_MODULE_PATH", "SPEC_NAME", "admin_port",
-        "offloading_config",
+        "DEFAULT_LOOKAHEAD", "EXTRA_CONFIG_KEYS", "MAX_PORT", "SPEC_MODULE_PATH", "SPEC_NAME",
+        "admin_port", "lookahead", "offloading_config",
     ],
     "kvoffload.vllm.handler": ["ReportingHandler"],
     "kvoffload.vllm.live": [
         "TransferListener", "add_admin_server", "add_handler", "add_manager",
         "add_transfer_listener", "live_admin_servers", "live_handlers", "live_managers", "report",
     ],
+    "kvoffload.vllm.scheduler": ["HintingScheduler"],
     "kvoffload.vllm.spec": ["KVOffloadSpec"],
 }  # fmt: skip
 #: public-looking names a module defines for its own use only

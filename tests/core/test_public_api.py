@@ -71,6 +71,8 @@ def test_public_api_all_is_pinned() -> None:
         "TransferError",
         "TransferResult",
         "TransferSpec",
+        "UnknownTicketError",
+        "WindowStats",
         "__version__",
         "available_policies",
     ]
@@ -104,7 +106,13 @@ def test_public_api_vllm_names_are_exported() -> None:
 
 
 def test_public_api_errors_share_one_base() -> None:
-    for name in ("BlockStateError", "ConfigError", "PolicyError", "TransferError"):
+    for name in (
+        "BlockStateError",
+        "ConfigError",
+        "PolicyError",
+        "TransferError",
+        "UnknownTicketError",
+    ):
         assert issubclass(getattr(kvoffload, name), kvoffload.KVOffloadError)
 
 

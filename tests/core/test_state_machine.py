@@ -4,7 +4,10 @@ The model knows, per hash, whether the block is in flight or ready and how
 many loads pin it. It cannot know which victim a policy picks, so it checks
 each eviction instead (only ready, unpinned blocks not named in the call) and
 whether ``prepare_store`` had to say ``None`` (exactly when there are not
-enough such blocks). Events are counted from a cursor read of the event log.
+enough such blocks). A policy may decline the tail of a store that would
+evict, only while the hint window holds requests (``hkvarc``): the store is
+then checked for the prefix it kept. Events are counted from a cursor read
+of the event log.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.cursor = 0
         self.event_balance: Counter[BlockHash] = Counter()
         self.loads: list[list[BlockHash]] = []  # prepare_load calls not yet completed
+        self.tickets: list[int] = []  # in the hint window
 
     @property
     def mgr(self) -> PolicyOffloadingManager:
@@ -110,12 +114,17 @@ class ManagerMachine(RuleBasedStateMachine):
         need = len(new) - free
         before = self._actual_state()
         out = self.mgr.prepare_store(hashes)
+        if out is not None and out.block_hashes_to_store != new:
+            kept = out.block_hashes_to_store
+            assert need > 0 and self.tickets, "declined a store with no need or no hints"
+            assert kept == new[: len(kept)], "kept more than a prefix of the absent blocks"
+            new = kept
+            need = len(new) - free
         if need > len(evictable):
             assert out is None
             assert self._actual_state() == before
             return []
         assert out is not None
-        assert out.block_hashes_to_store == new
         assert len(out.block_hashes_evicted) == max(0, need)
         assert len(set(out.block_hashes_evicted)) == len(out.block_hashes_evicted)
         for h in out.block_hashes_evicted:
@@ -201,6 +210,15 @@ class ManagerMachine(RuleBasedStateMachine):
             raise AssertionError("complete_load of an unpinned block must raise")
         assert self._actual_state() == before
 
+    @rule(data=st.data())
+    def hint(self, data: st.DataObject) -> None:
+        self.tickets.append(self.mgr.hint(self._draw_hashes(data)))
+
+    @rule(data=st.data())
+    def unhint(self, data: st.DataObject) -> None:
+        if self.tickets:
+            self.mgr.unhint(self.tickets.pop(data.draw(st.integers(0, len(self.tickets) - 1))))
+
     @rule(policy=st.sampled_from(available_policies()))
     def switch_policy(self, policy: str) -> None:
         before = self._actual_state()
@@ -239,6 +257,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert s.used == len(self.ready) + len(self.in_flight) == len(self.m)
         assert s.in_flight == len(self.in_flight)
         assert s.pinned == sum(1 for pins in self.ready.values() if pins > 0)
+        assert sum(s.resident_lists.values()) == s.used
+        assert s.window.requests == len(self.tickets)
 
     @invariant()
     def blocks_match_the_model(self) -> None:

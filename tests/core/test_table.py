@@ -111,6 +111,7 @@ def as_iterable(kind: str, keys: list[Any]) -> Any:
 
 def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
     """Everything observable about a table, and about ``keys``."""
+    keys = list(keys)
     return (
         len(t),
         t.pinned,
@@ -118,6 +119,10 @@ def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
         [t.items(tag) for tag in range(8)],
         [t.size(tag) for tag in range(8)],
         [(t.ref(k), t.tag_of(k), t.get(k), k in t) for k in keys],
+        (t.window_requests, t.window_uses, t.window_keys, t.window_resident, t.holds),
+        t.window_found,
+        [t.held(tag) for tag in range(4)],
+        t.next_uses(keys),
     )
 
 
@@ -139,6 +144,7 @@ class TableMachine(RuleBasedStateMachine):
         self.c = CBlockTable()
         self.p = PyBlockTable()
         self.handles = 0
+        self.tickets: list[int] = []  # in the window, oldest first
 
     # helpers
 
@@ -232,6 +238,29 @@ class TableMachine(RuleBasedStateMachine):
         kind = data.draw(st.sampled_from(["list", "tuple", "generator"]))
         outcome = self.both("insert", lambda: ((as_iterable(kind, self.k(idxs)), handles, tag), {}))
         if outcome[0] == "returned" and data.draw(st.booleans()):  # a store that completes
+            self.both("complete", lambda: ((self.k(idxs),), {}))
+
+    @rule(data=st.data())
+    def insert_chain(self, data: st.DataObject) -> None:
+        """kvarc's filing: over ghosts (readmitted), absent keys, and now and
+        then a resident or repeated key (refused)"""
+        absent = [i for i in range(N_KEYS) if i not in self.pool(resident=True)]
+        if absent and data.draw(st.integers(0, 4)):
+            idxs = data.draw(st.lists(st.sampled_from(absent), max_size=5, unique=True))
+        else:
+            idxs = data.draw(st.lists(st.integers(0, N_KEYS - 1), max_size=5))
+        handles = list(range(self.handles, self.handles + len(idxs)))
+        self.handles += len(idxs)
+        if data.draw(st.integers(0, 15)) == 0:
+            handles.append(-1)  # wrong length
+        tag = data.draw(st.sampled_from([0, 1, 2, 3, 0, 4]))
+        readmit = data.draw(st.sampled_from([1, 0, 3, -1]))
+        kind = data.draw(st.sampled_from(["list", "tuple", "generator"]))
+        outcome = self.both(
+            "insert_chain",
+            lambda: ((as_iterable(kind, self.k(idxs)), handles, tag, readmit), {}),
+        )
+        if outcome[0] == "returned" and data.draw(st.booleans()):
             self.both("complete", lambda: ((self.k(idxs),), {}))
 
     @rule(data=st.data(), name=st.sampled_from(["complete", "complete", "fail", "pin", "unpin"]))
@@ -338,6 +367,59 @@ class TableMachine(RuleBasedStateMachine):
 
         self.both("evict", build)
 
+    # the hint window
+
+    @rule(data=st.data())
+    def hint(self, data: st.DataObject) -> None:
+        """a request joins the window: any keys (absent, ghosts, resident,
+        repeated), mostly ones with an entry"""
+        idxs = self.idxs(data, 6)
+        kind = data.draw(st.sampled_from(ITERABLES))
+        outcome = self.both("hint", lambda: ((as_iterable(kind, self.k(idxs)),), {}))
+        assert outcome[0] == "returned"
+        self.tickets.append(outcome[1])
+
+    @rule(data=st.data())
+    def unhint(self, data: st.DataObject) -> None:
+        """a request leaves: mostly the oldest, sometimes any other (aborted
+        or reordered), now and then one that is not in the window"""
+        if self.tickets and data.draw(st.integers(0, 5)):
+            i = 0 if data.draw(st.booleans()) else data.draw(st.integers(0, len(self.tickets) - 1))
+            ticket: Any = self.tickets.pop(i)
+        else:
+            ticket = data.draw(st.sampled_from([0, -1, 10**6, 2**70, True, "1", 1.0]))
+        self.both("unhint", lambda: ((ticket,), {}))
+
+    @rule(on=st.sampled_from([True, False, True, 1, 0]))
+    def set_hint_order(self, on: Any) -> None:
+        self.both("set_hint_order", lambda: ((on,), {}))
+
+    @rule(data=st.data())
+    def farthest(self, data: st.DataObject) -> None:
+        protected = self.idxs(data, 4) if data.draw(st.booleans()) else []
+        container = data.draw(st.sampled_from(CONTAINERS))
+        self.both("farthest", lambda: ((as_container(container, self.k(protected)),), {}))
+
+    @rule(data=st.data())
+    def evict_spilling(self, data: st.DataObject) -> None:
+        """an eviction that may take held entries once its lists run out"""
+        a = data.draw(st.integers(0, 3))
+        b = data.draw(st.sampled_from([None, *(t for t in range(4) if t != a)]))
+        n = data.draw(st.integers(1, 6))
+        protected = self.idxs(data, 3) if data.draw(st.booleans()) else []
+        kwargs = {
+            "b": b,
+            "first": data.draw(st.sampled_from([None, 0, 1, 3])),
+            "ghost_a": data.draw(st.sampled_from([None, 4, 5])),
+            "ghost_b": data.draw(st.sampled_from([None, 5, 6])),
+            "spill": data.draw(st.sampled_from([True, True, False, 1])),
+        }
+        self.both("evict", lambda: ((a, n, set(self.k(protected))), kwargs))
+
+    @rule(tag=st.sampled_from([0, 1, 2, 3, 4, -1]))
+    def held(self, tag: int) -> None:
+        self.both("held", lambda: ((tag,), {}))
+
     # reading (state is compared after every step anyway)
 
     @rule(data=st.data(), name=st.sampled_from(["get", "ref", "tag_of", "__contains__"]))
@@ -345,7 +427,7 @@ class TableMachine(RuleBasedStateMachine):
         i = self.idx(data)
         self.both(name, lambda: ((self.make_key(i),), {}))
 
-    @rule(data=st.data(), name=st.sampled_from(["tags", "lookup", "absent"]))
+    @rule(data=st.data(), name=st.sampled_from(["tags", "lookup", "absent", "next_uses"]))
     def read_hashes(self, data: st.DataObject, name: str) -> None:
         idxs = self.idxs(data, 8)
         kind = data.draw(st.sampled_from(ITERABLES))
@@ -518,6 +600,129 @@ def test_touch_and_unpin_orders(impl: Any) -> None:
     assert t.keys(4) == [] and t.items(3) == [(b"v", 6)] and t.ref(b"v") == -1
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_insert_chain_files_a_chain_as_kvarc_does(impl: Any) -> None:
+    """``insert(reversed(hashes), ...)`` with ghosts readmitted, then the last
+    hash (unless it was a ghost) at the oldest end; the ghost tags met are
+    returned in the order of the hashes."""
+    t = impl()
+    t.insert([b"old"], [0], 0)
+    assert t.insert_chain([b"a", b"b", b"c"], [1, 2, 3], 0, 1) is None
+    assert t.keys(0) == [b"c", b"old", b"b", b"a"] and t.in_flight == 4
+    t.complete([b"a", b"b", b"c", b"old"])
+    assert t.evict(0, 4, (), ghost_a=5) is not None
+    t.insert([b"g"], [9], 0)
+    t.complete([b"g"])
+    assert t.evict(0, 1, (), ghost_a=4) is not None  # ghosts: c old b a in 5, g in 4
+    assert t.insert_chain([b"g", b"x", b"b"], [4, 5, 6], 2, 3) == [4, 5]
+    assert t.keys(2) == [b"x"] and t.keys(3) == [b"b", b"g"]  # b was a ghost: not cold
+    assert t.keys(4) == [] and t.keys(5) == [b"c", b"old", b"a"]
+    before = state(t)
+    with pytest.raises(ValueError) as info:
+        t.insert_chain([b"y", b"g"], [7, 8], 0, 1)  # g is resident
+    assert info.value.args == (b"g",) and state(t) == before
+    with pytest.raises(ValueError, match="2 hashes but 1 handles"):
+        t.insert_chain([b"y", b"z"], [7], 0, 1)
+    with pytest.raises(ValueError, match="resident tag"):
+        t.insert_chain([b"y"], [7], 0, 4)
+    assert t.insert_chain([], [], 0, 1) is None and state(t) == before
+
+
+S = 1 << 24  # a use's key: ticket * S + position
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_window_keeps_uses_and_hint_only_entries(impl: Any) -> None:
+    t = impl()
+    t.insert([b"r"], [0], 0)
+    t.complete([b"r"])
+    first = t.hint([b"r", b"x", b"r"])
+    second = t.hint([b"x", b"y"])
+    assert (first, second) == (1, 2)
+    assert t.next_uses([b"r", b"x", b"y", b"z"]) == [S, S + 1, 2 * S + 1, -1]
+    assert (t.window_requests, t.window_uses, t.window_keys, t.window_resident) == (2, 5, 3, 1)
+    # x and y are hint-only: invisible to everything else
+    assert b"x" not in t and t.get(b"x") is None and t.tag_of(b"x") == -1
+    assert t.tags([b"x", b"r"]) == [-1, 0] and t.absent([b"r", b"x"]) == [b"x"]
+    assert t.touch([b"x"]) is None and len(t) == 1 and t.size(4) == 0
+    t.insert([b"x"], [1], 1)  # stored: resident and still hinted
+    assert t.window_resident == 2 and t.keys(1) == [b"x"]
+    t.unhint(first)  # out of order is fine
+    assert t.window_found == 1  # it found r resident and ready, x in flight
+    assert t.next_uses([b"r", b"x"]) == [-1, 2 * S]
+    assert t.window_resident == 1 and t.window_keys == 2
+    # a hinted entry that leaves stays hint-only; one not hinted is gone
+    t.complete([b"x"])
+    assert t.evict(1, 1, ()) == ([b"x"], [1], 1)
+    assert t.next_uses([b"x"]) == [2 * S] and t.window_keys == 2
+    for bad in (first, 0, 3, True, "2", 2.0):
+        with pytest.raises(KeyError) as info:
+            t.unhint(bad)
+        assert info.value.args == (bad,)
+    t.unhint(second)
+    assert t.window_found == 1  # x was evicted
+    assert (t.window_requests, t.window_uses, t.window_keys, t.window_resident) == (0, 0, 0, 0)
+    assert t.next_uses([b"x", b"y"]) == [-1, -1] and t.hint([]) == 3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hint_order_holds_hinted_entries_by_next_use(impl: Any) -> None:
+    t = impl()
+    keys = [b"k%d" % i for i in range(6)]
+    t.insert(keys, list(range(6)), 0)
+    t.complete(keys)
+    t.hint([b"k4", b"k1"])
+    t.hint([b"k2", b"new"])
+    assert t.held(0) == 0 and t.keys(0) == keys  # hint order off: nothing moves
+    t.set_hint_order(True)
+    assert t.held(0) == 3 and t.size(0) == 6 and t.holds == 3
+    # in line first, then held farthest next use first
+    assert t.keys(0) == [b"k0", b"k3", b"k5", b"k2", b"k1", b"k4"]
+    t.set_touch_rules(TouchRules(ready={0: 1}))
+    t.touch([b"k1", b"k0"])  # a held entry changes tag, not place
+    assert t.keys(1) == [b"k0", b"k1"] and t.held(1) == 1 and t.held(0) == 2
+    # an eviction takes held entries only with spill, farthest first, and
+    # ghosts them by their tag
+    assert t.evict(0, 3, (), ghost_a=4) is None
+    assert t.evict(0, 4, {b"k2"}, b=1, ghost_a=4, ghost_b=5, spill=True) == (
+        [b"k3", b"k5", b"k0", b"k1"],
+        [3, 5, 0, 1],
+        2,
+    )
+    assert t.keys(5) == [b"k0", b"k1"] and t.next_uses([b"k1"]) == [S + 1]
+    assert t.farthest(()) == 2 * S and t.farthest({b"k2"}) == S
+    t.insert([b"new"], [9], 2)  # hinted: held at once (in flight: not farthest yet)
+    assert t.held(2) == 1 and t.farthest(()) == 2 * S
+    t.complete([b"new"])
+    assert t.farthest(()) == 2 * S + 1
+    t.unhint(1)  # k4's last use left: back in line, most recent
+    assert t.keys(0) == [b"k4", b"k2"] and t.held(0) == 1  # k2 still held, last
+    t.forget_policy()  # hint order off: held entries back in line
+    assert t.held(0) == 0 and t.held(2) == 0 and t.keys(0) == [b"k4", b"k2"]
+    assert t.size(5) == 0 and t.next_uses([b"k1"]) == [-1]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_unhint_rejoins_last_to_first_and_held_entries_follow_pins(impl: Any) -> None:
+    t = impl()
+    keys = [b"a", b"b", b"c"]
+    t.insert(keys, [1, 2, 3], 0)
+    t.complete(keys)
+    t.set_hint_order(True)
+    ticket = t.hint(keys)
+    assert t.keys(0) == [b"c", b"b", b"a"]  # farthest first
+    t.pin([b"c"])  # busy: never a spill victim
+    assert t.evict(0, 2, (), spill=True) == ([b"b", b"a"], [2, 1], 0)
+    t.insert([b"a", b"b"], [4, 5], 0)  # back, in flight: held, busy
+    assert t.evict(0, 1, (), spill=True) is None and t.farthest(()) == -1
+    t.complete([b"a", b"b"])
+    t.unpin([b"c"])
+    assert t.farthest(()) == S + 2
+    t.unhint(ticket)
+    assert t.window_found == 3
+    assert t.keys(0) == [b"c", b"b", b"a"] and t.held(0) == 0  # a ends most recent
+
+
 @pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])
 @pytest.mark.parametrize("n", [3, 9, 40, 500])
 @pytest.mark.parametrize("impl", IMPLS)
@@ -650,6 +855,9 @@ def calls_with_bad_key(bad: Any) -> list[tuple[str, Callable[[Any], Any]]]:
     return [
         ("insert", lambda t: t.insert([b"new-1", b"new-2", bad], [1, 2, 3], 0)),
         ("insert over ghost", lambda t: t.insert([k(0), bad], [1, 2], [2, 3])),
+        ("insert_chain", lambda t: t.insert_chain([k(0), b"new-1", bad], [1, 2, 3], 0, 1)),
+        ("hint", lambda t: t.hint([k(5), b"new-1", bad])),
+        ("next_uses", lambda t: t.next_uses([k(5), bad])),
         ("complete", lambda t: t.complete([k(5), k(7), bad])),
         ("fail", lambda t: t.fail([k(10), k(11), bad])),
         ("pin", lambda t: t.pin([k(5), bad])),
@@ -776,6 +984,10 @@ def reentrant_calls(t: Any) -> list[Callable[[], Any]]:
         lambda: t.lookup([k(0)]),
         lambda: t.absent([k(0)]),
         lambda: t.insert([k(3)], [3], 0),  # hash 0, as k(0)
+        lambda: t.insert_chain([k(3)], [3], 0, 1),
+        lambda: t.hint([k(1), k(0)]),
+        lambda: t.next_uses([k(0)]),
+        lambda: t.farthest([k(0)]),  # list.__contains__ compares k(0)
         lambda: t.complete([k(0)]),
         lambda: t.fail([k(0)]),
         lambda: t.pin([k(0)]),
@@ -784,7 +996,7 @@ def reentrant_calls(t: Any) -> list[Callable[[], Any]]:
         lambda: t.move(k(0), 1),
         lambda: t.relist([k(0)], 1),
         lambda: t.touch([k(0), k(1)]),
-        lambda: t.evict(0, 1, [k(0)]),  # list.__contains__ compares k(0)
+        lambda: t.evict(0, 1, [k(0)], spill=True),  # list.__contains__ compares k(0)
     ]
 
 
@@ -795,6 +1007,8 @@ def test_reentrant_calls_raise_and_change_nothing(calls_back: type[CallsBack]) -
     t.insert([calls_back(5)], [5], 1)
     t.complete([calls_back(5)])
     t.evict(1, 1, (), ghost_a=4)  # a ghost
+    t.hint([calls_back(1), calls_back(7)])  # a held entry and a hint-only one
+    t.set_hint_order(True)
     before = state(t)
     attempts = [
         lambda: t.size(0),
@@ -806,6 +1020,10 @@ def test_reentrant_calls_raise_and_change_nothing(calls_back: type[CallsBack]) -
         lambda: t.forget_policy(),
         lambda: t.trim(4, 0),
         lambda: t._check(),
+        lambda: t.hint([b"x"]),
+        lambda: t.unhint(1),
+        lambda: t.set_hint_order(True),
+        lambda: t.held(0),
     ]
     for attempt in attempts:
         calls_back.action = attempt
@@ -900,7 +1118,7 @@ def test_reference_counts_do_not_leak() -> None:
         t.unpin([key])
         t.unpin([key])
         assert t.evict(3, 1, {b"x": 1}, ghost_a=4 + i % 4) == ([key], [handle], 1)
-        t.insert([key], [handle], (tag + 1) % 4)  # over the ghost
+        assert t.insert_chain([key], [handle], (tag + 1) % 4, tag) == [4 + i % 4]  # over the ghost
         assert t.fail([key, key]) == [handle]
         t.insert([bytes_key(424242)], [handle], 2)
         t.complete([key])
@@ -918,8 +1136,21 @@ def test_reference_counts_do_not_leak() -> None:
         t.trim(7, 0)
         for h in other[:5]:
             t.remove(h)
+        ticket = t.hint([key, bytes_key(424242), other[0], key])
+        t.set_hint_order(i % 2 == 0)
+        t.insert([key, *other[:2]], [handle, 1, 2], tag)  # held (hint order on)
+        t.complete([key, other[0]])
+        t.next_uses([key, b"nope"])
+        t.farthest({key})
+        assert t.evict(tag, 3, (), ghost_a=4, spill=True) is None  # other[1] in flight
+        assert t.evict(tag, 2, (), spill=True) is not None  # key and other[0]: hint-only
+        t.fail([other[1]])
+        t.insert([key], [handle], tag)
+        t.complete([key])
+        t.evict(tag, 1, (), ghost_a=5, spill=True)
+        t.unhint(ticket)
         t.forget_policy()
-        assert len(t) == 0
+        assert len(t) == 0 and t.window_keys == 0
     t._check()
     assert (sys.getrefcount(handle), sys.getrefcount(key)) == start
     t2 = CBlockTable()
@@ -954,8 +1185,16 @@ def test_memory_is_given_back_when_the_table_empties() -> None:
                 t.remove(h)
             t.evict(0, len(t), frozenset(), first=0)
             t.trim(4, 100)
+            tickets = [t.hint(keys[j : j + 100]) for j in range(0, n, 1000)]
+            t.set_hint_order(True)
+            t.insert(keys[:300], handles[:300], 1)
+            t.complete(keys[:300])
+            for ticket in tickets[::-1]:
+                t.unhint(ticket)
+            t.remove(keys[0])
+            t.evict(1, 299, (), ghost_a=4)
             t.forget_policy()
-            assert len(t) == 0 and t.size(4) == 0
+            assert len(t) == 0 and t.size(4) == 0 and t.window_keys == 0
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:

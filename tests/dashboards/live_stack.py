@@ -3,9 +3,10 @@
 :func:`running_stack` starts the service on a free loopback port under LRU, starts
 Prometheus (the ``prometheus`` binary) on another with a temporary TSDB, waits for a
 few scrapes, and then through the admin API switches the service to ARC and to kvarc,
-pauses, resumes and resets it, and switches it to LRU and back to kvarc (so that every
-kind of command is marked, and the ARC panels must show kvarc, the other policy of the
-ARC family), waiting for a few scrapes after each. :attr:`LiveStack.commands` says
+pauses, resumes and resets it, switches it to LRU and back to kvarc, and last to hkvarc
+(so that every kind of command is marked, the ARC panels must show the other policies of
+the ARC family, and the foresight panels hkvarc's lists and decisions), waiting for a
+few scrapes after each. :attr:`LiveStack.commands` says
 what was sent and when.
 """
 
@@ -229,6 +230,7 @@ SCRIPT: tuple[tuple[str, str, int], ...] = (
     ("reset", "", 3),
     ("switch_policy", "lru", 3),
     ("switch_policy", "kvarc", 4),
+    ("switch_policy", "hkvarc", 4),
 )
 
 

@@ -161,7 +161,7 @@ def test_annotations_mark_each_command_once_when_it_took_effect(
 
     switches = [c for c in live_stack.commands if c.kind == "switch_policy"]
     found = markers("Policy switches")
-    assert len(found) == len(switches) == 4, found
+    assert len(found) == len(switches) == 5, found
     for marker, sent in zip(found, switches, strict=True):
         assert at_the_time(marker, sent), (marker, sent)
         assert marker.title == "Policy switch"

@@ -82,6 +82,11 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
+def series_labels(samples: Samples, name: str) -> list[dict[str, str]]:
+    """The label sets of ``name``'s samples."""
+    return [dict(ls) for n, ls in samples if n == name]
+
+
 def otlp_as_samples(points: MetricPoints) -> Samples:
     """An OTLP export under the names /metrics gives the same numbers (counters
     without ``_total`` there, histograms as their count and sum)."""
@@ -166,7 +171,7 @@ def test_every_view_agrees_at_a_paused_moment_and_after_shutdown(receiver: Recei
 
         wait_until("a first stretch of steps", lambda: steps() >= 200)
         switched = []
-        for policy in ("arc", "kvarc", "lru"):
+        for policy in ("arc", "lru", "hkvarc"):  # ends on hkvarc: its counts, its lists
             answer = http.put("/v1/policy", json={"policy": policy})
             assert answer.status_code == 200, answer.text
             switched.append((answer.json()["previous_policy"], policy))
@@ -275,6 +280,21 @@ def test_every_view_agrees_at_a_paused_moment_and_after_shutdown(receiver: Recei
                 "_total" if field in {"appended", "overwritten", "drained", "missed"} else ""
             )
             assert ev[field] == value(metrics, metric), field
+        for lst, n in cache["lists"].items():
+            assert n == value(metrics, "kvoffload_policy_list_blocks", policy="hkvarc", list=lst)
+        assert {"h1", "h2"} <= set(cache["lists"])
+        assert cache["policy_counters"] and set(cache["policy_counters"]) == {
+            labels["name"] for labels in series_labels(metrics, "kvoffload_policy_counts_total")
+        }
+        for name, n in cache["policy_counters"].items():
+            labels = frozenset({"policy": "hkvarc", "name": name}.items())
+            assert n == metrics[("kvoffload_policy_counts_total", labels)], name
+        assert cache["policy_counters"]["deferred"] > 0  # the runtime's hints reached it
+        window = cache["window"]
+        assert window["requests"] > 0 and window["uses"] >= window["blocks"] > 0
+        for field in ("requests", "uses", "blocks"):
+            assert window[field] == value(metrics, f"kvoffload_hint_window_{field}"), field
+        assert window["resident"] == value(metrics, "kvoffload_hint_window_resident_blocks")
         assert cache["policy_version"] == value(metrics, "kvoffload_policy_version") == 4
         assert value(metrics, "kvoffload_policy_info", policy=cache["policy"]) == 1
 

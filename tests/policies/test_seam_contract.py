@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvoffload.abstract import BlockHash
 from kvoffload.policies.base import EvictionPolicy
+from kvoffload.policies.hkvarc import HKVARCPolicy
 from kvoffload.policies.kvarc import GHOST_FACTOR as KVARC_GHOSTS
 from kvoffload.policies.kvarc import KVARCPolicy
 from kvoffload.table import BlockTable
@@ -33,11 +34,22 @@ def _kvarc_invariants(p: EvictionPolicy, resident: int) -> None:
     assert 0.0 <= p.target_t1_size <= CAPACITY
 
 
+def _hkvarc_invariants(p: EvictionPolicy, resident: int) -> None:
+    assert isinstance(p, HKVARCPolicy)
+    sizes = p.list_sizes()
+    assert sizes["t1"] + sizes["t2"] + sizes["h1"] + sizes["h2"] == resident
+    assert sizes["h1"] + sizes["h2"] == p.table.window_resident  # every hinted block held
+    assert max(sizes["b1"], sizes["b2"]) <= 2 * KVARC_GHOSTS * CAPACITY
+    assert not (set(p.b1) | set(p.b2)) & {h for h, _ in p.ordered_items()}
+    assert 0.0 <= p.target_t1_size <= CAPACITY
+
+
 POLICIES: dict[
     str,
     tuple[Callable[[int, BlockTable], EvictionPolicy], Callable[[EvictionPolicy, int], None]],
 ] = {
     "kvarc": (KVARCPolicy, _kvarc_invariants),
+    "hkvarc": (HKVARCPolicy, _hkvarc_invariants),
 }
 
 ops = st.lists(
@@ -48,6 +60,9 @@ ops = st.lists(
         st.tuples(st.just("unpin"), st.integers(0, 40)),
         st.tuples(st.just("evict"), st.integers(1, 5), st.lists(st.integers(0, 40), max_size=3)),
         st.tuples(st.just("remove"), st.integers(0, 40)),
+        # the window is the table's: hints come from the manager, not the policy
+        st.tuples(st.just("hint"), st.lists(st.integers(0, 40), max_size=6)),
+        st.tuples(st.just("unhint"), st.integers(0, 3)),
     ),
     max_size=80,
 )
@@ -64,6 +79,7 @@ def test_policy_keeps_the_seam_contract_under_any_call_sequence(
     p = make(CAPACITY, table)
     p.seed([])
     pins: dict[BlockHash, int] = {}
+    tickets: list[int] = []
     model: dict[BlockHash, int] = {}  # hash -> handle (its id)
     for call in calls:
         kind = call[0]
@@ -100,6 +116,10 @@ def test_policy_keeps_the_seam_contract_under_any_call_sequence(
                 assert len(hashes) == n == len(set(hashes)) == len(handles)
                 for h, handle in zip(hashes, handles, strict=True):
                     assert h in evictable and model.pop(h) == handle
+        elif kind == "hint":
+            tickets.append(table.hint([_h(i) for i in call[1]]))  # type: ignore[attr-defined]
+        elif kind == "unhint" and tickets:
+            table.unhint(tickets.pop(call[1] % len(tickets)))  # type: ignore[operator]
         elif kind == "remove":
             h = _h(call[1])  # type: ignore[arg-type]
             assert table.remove(h) == model.pop(h, None)

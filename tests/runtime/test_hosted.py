@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
-from kvoffload.errors import PolicyError
+from kvoffload.errors import PolicyError, UnknownTicketError
 from kvoffload.runtime import (
     CommandResult,
     EngineStoppedError,
@@ -67,6 +67,8 @@ for _name in (
     "stats",
     "switch_policy",
     "clear",
+    "hint",
+    "unhint",
 ):
     setattr(ExclusiveManager, _name, _exclusive(_name))
 
@@ -203,6 +205,27 @@ def test_policy_switch_is_not_held_by_an_outstanding_lookup() -> None:
     assert reset.result(timeout=1).kind == "reset"
     assert switch.result(timeout=1).policy == "lru"
     hosted.complete_load(chain)
+
+
+def test_hints_delegate_and_leave_a_lookups_answer_outstanding() -> None:
+    """The host may hint its queue between a lookup and the load of what it
+    found: hints change no block, so a held reset stays held."""
+    _, hosted = make()
+    chain = stored(hosted, 1, 2)
+    ticket = hosted.hint(chain)
+    assert hosted.stats().window.requests == 1
+    assert hosted.lookup(chain) == 2
+    reset = hosted.reset()
+    hosted.unhint(ticket)
+    later = hosted.hint(hashes(3))
+    assert not reset.done()
+    hosted.prepare_load(chain)
+    assert reset.result(timeout=1).kind == "reset"
+    hosted.complete_load(chain)
+    with pytest.raises(UnknownTicketError):
+        hosted.unhint(ticket)
+    hosted.unhint(later)
+    assert hosted.stats().window.requests == 0
 
 
 def test_pause_and_resume_are_not_for_a_hosted_manager() -> None:

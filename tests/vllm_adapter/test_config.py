@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvoffload import ConfigError, available_policies
-from kvoffload.vllm import EXTRA_CONFIG_KEYS, admin_port, offloading_config
+from kvoffload.vllm import EXTRA_CONFIG_KEYS, admin_port, lookahead, offloading_config
 
 BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm"}
 
@@ -57,6 +57,14 @@ def test_offloading_config_defaults_follow_vllm() -> None:
             )
             for bad in (-1, 65536, 80.0, "8000", True, None)
         ],
+        *[
+            (
+                {"num_cpu_blocks": 8, "lookahead": bad},
+                "lookahead must be an integer >= 0 (waiting requests the HintingScheduler "
+                f"hints; 0: none), got {bad!r}",
+            )
+            for bad in (-1, 8.0, "64", False, None)
+        ],
         (
             {"num_cpu_blocks": 8, "admin_prot": 9000},
             f"unknown key 'admin_prot' (valid keys: {', '.join(EXTRA_CONFIG_KEYS)})",
@@ -103,3 +111,11 @@ def test_admin_port_problem_is_reported_with_the_others() -> None:
         offloading_config({"num_cpu_blocks": 0, "admin_port": 99999}, 16)
     problems = str(info.value).split(": ", 1)[1].split("; ")
     assert [p.split()[0] for p in problems] == ["num_cpu_blocks", "admin_port"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "n"), [({}, 64), ({"lookahead": 0}, 0), ({"lookahead": 512}, 512)]
+)
+def test_lookahead_defaults_to_64_and_0_hints_nothing(extra: dict[str, Any], n: int) -> None:
+    offloading_config({**BASE, "num_cpu_blocks": 8, **extra}, 16)  # valid
+    assert lookahead(extra) == n

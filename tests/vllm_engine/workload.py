@@ -68,10 +68,17 @@ def midblock_prompts(vocab: int, seed: int = 0) -> list[tuple[str, list[int]]]:
     return [a, x1, ("x2", x2), ("a_again", a[1])]
 
 
-def make_llm(model_dir: Path, extra: Mapping[str, Any] | None, *, kv_events: bool = False) -> Any:
+def make_llm(
+    model_dir: Path,
+    extra: Mapping[str, Any] | None,
+    *,
+    kv_events: bool = False,
+    scheduler_cls: str | None = None,
+) -> Any:
     """A vLLM engine on the tiny model; ``extra`` is the connector's whole
     extra config (``None``: no offloading); ``kv_events`` turns vLLM's KV
-    cache events on (handed to vLLM's null publisher)."""
+    cache events on (handed to vLLM's null publisher); ``scheduler_cls``
+    replaces vLLM's scheduler."""
     from vllm import LLM
     from vllm.config import KVEventsConfig, KVTransferConfig
 
@@ -93,6 +100,7 @@ def make_llm(model_dir: Path, extra: Mapping[str, Any] | None, *, kv_events: boo
         enforce_eager=True,
         seed=0,
         kv_transfer_config=kv,
+        scheduler_cls=scheduler_cls,
         kv_events_config=(
             KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
         ),

@@ -1,0 +1,159 @@
+"""kvarc with hints ("hkvarc"): nearest next use within what the waiting
+queue shows, kvarc's order beyond it.
+
+A manager's hint window (``docs/writing-a-policy.md``, "Hints") says which
+blocks the requests waiting to be served will use, and in what order. hkvarc
+uses it, and without hints it is kvarc exactly (same lists, orders, victims
+and answers: ``tests/policies/test_hkvarc.py`` checks it under Hypothesis,
+and the replays of both shared traces give the same hits):
+
+* **kvarc on the blocks no waiting request uses**, unchanged: T1/T2, the
+  ghost lists B1/B2, its adaptive target, chains filed tail first, the
+  prompt tail admitted cold.
+* **Hinted blocks are held.** A resident block that a request in the window
+  will use leaves kvarc's order (the table's hint order holds it) and
+  remembers its class: H1 if it is in T1, H2 if in T2 (kvarc's target
+  counts H1 as part of T1). When its last hinted use comes (``unhint``,
+  right before the request is served) it rejoins its list at the most
+  recent end, and the request's touch then files it as kvarc would (T2).
+* **Evictions take T1/T2 first**, in kvarc's order, and only then held
+  blocks, farthest next use first (on a tie, the later position in the
+  request: a chain's tail before its head). Every unhinted block is next
+  used after every hinted one, as far as anyone can know, so this is
+  Belady's choice within the window; and a block's next use is never
+  before its parent's, so a hinted chain loses its tail first. A held
+  victim becomes a B1 or B2 ghost by its class.
+* **Declined stores.** When a store would reach held blocks (T1 and T2,
+  less the present blocks the call protects, cannot give all the room),
+  it keeps the absent blocks in chain order while each is hinted nearer
+  than the farthest held block it would otherwise evict, and declines the
+  rest of the chain (``prepare_store`` returns the prefix kept as
+  ``block_hashes_to_store``). Never with an empty window.
+
+Exported as the ARC family's are: lists ``t1``, ``t2`` (in kvarc's order,
+not held), ``h1``, ``h2`` (held, by class), ghosts ``b1``, ``b2``; resident
+lists sum to the used blocks. Counters (:meth:`HKVARCPolicy.counters`):
+``deferred`` (blocks held out of kvarc's order because a waiting request
+uses them), ``redirected`` (victims taken from held blocks), ``declined_blocks``
+and ``hinted_hits`` (blocks hinted requests found resident when they left
+the window). ``docs/policies.md`` has the design, every figure, and where
+it loses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Container, Sequence
+
+from kvoffload.abstract import BlockHash
+from kvoffload.backend import Handle
+from kvoffload.policies.arc import B1, B2, T1, T2
+from kvoffload.policies.base import Victims
+from kvoffload.policies.kvarc import KVARCPolicy
+from kvoffload.table import BlockTable
+
+__all__ = ["HKVARCPolicy"]
+
+
+class HKVARCPolicy(KVARCPolicy):
+    """kvarc that holds blocks the hint window says are coming, evicts them
+    last (farthest next use first) and declines stores that would evict
+    nearer ones (see the module doc)."""
+
+    name = "hkvarc"
+
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        super().__init__(capacity, table)
+        self.evictions.update(h1=0, h2=0)
+        # the table's statistics as this policy started
+        self._holds_before = self._found_before = 0
+        self._redirected = 0
+        self._declined = 0
+
+    def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
+        super().seed(items)
+        table = self.table
+        # holding the blocks the window already names counts as deferring them
+        self._holds_before, self._found_before = table.holds, table.window_found
+        table.set_hint_order(True)
+
+    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
+        """kvarc's eviction (T1 down to its target, then T2, then T1), then
+        the held blocks, farthest next use first. kvarc's steps are written
+        out here rather than called: one Python frame per eviction."""
+        table = self.table
+        first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
+        # Every hinted resident block is held (and every resident block is
+        # in T1 or T2), so the hinted ones that leave are the held victims;
+        # B1 gains T1's victims and the held ones of class T1.
+        hinted, b1 = table.window_resident, table.size(B1)
+        picked = table.evict(
+            T1, n, protected, b=T2, first=first, ghost_a=B1, ghost_b=B2, spill=True
+        )
+        if picked is None:
+            return None
+        hashes, handles, n_t1 = picked
+        redirected = hinted - table.window_resident
+        ev = self.evictions
+        ev["t1"] += n_t1
+        ev["t2"] += n - n_t1 - redirected
+        if redirected:
+            from_h1 = table.size(B1) - b1 - n_t1
+            ev["h1"] += from_h1
+            ev["h2"] += redirected - from_h1
+            self._redirected += redirected
+        self._slack -= n
+        if self._slack < 0:
+            self._trim_ghosts()
+        return hashes, handles
+
+    def admit(
+        self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
+    ) -> int:
+        # asked when T1 and T2 in line (every hinted block is held) cannot
+        # give the room: the store would evict held blocks
+        table = self.table
+        if not table.window_requests:
+            return len(block_hashes)  # never with no hints: kvarc's answer stands
+        far = table.farthest(protected)
+        keep = 0
+        for key in table.next_uses(block_hashes):
+            if key < 0 or 0 <= far <= key:
+                break  # no hinted use, or one after what it would evict
+            keep += 1
+        self._declined += len(block_hashes) - keep
+        return keep
+
+    def ordered_items(self) -> list[tuple[BlockHash, Handle]]:
+        """T1 then T2 in kvarc's order, then the held blocks, farthest next
+        use first (the nearest are the most valuable: last to go)."""
+        table = self.table
+        in_line: list[tuple[BlockHash, Handle]] = []
+        held: list[tuple[BlockHash, Handle]] = []
+        for tag in (T1, T2):
+            items = table.items(tag)
+            cut = len(items) - table.held(tag)
+            in_line += items[:cut]
+            held += items[cut:]
+        uses = table.next_uses([h for h, _ in held])
+        order = sorted(range(len(held)), key=uses.__getitem__, reverse=True)
+        return in_line + [held[i] for i in order]
+
+    def list_sizes(self) -> dict[str, int]:
+        table = self.table
+        h1, h2 = table.held(T1), table.held(T2)
+        return {
+            "t1": table.size(T1) - h1,
+            "t2": table.size(T2) - h2,
+            "h1": h1,
+            "h2": h2,
+            "b1": table.size(B1),
+            "b2": table.size(B2),
+        }
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "deferred": self.table.holds - self._holds_before,
+            "redirected": self._redirected,
+            "declined_blocks": self._declined,
+            "hinted_hits": self.table.window_found - self._found_before,
+        }

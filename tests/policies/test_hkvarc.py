@@ -1,0 +1,278 @@
+"""What is specific to the ``hkvarc`` policy: kvarc exactly without hints;
+with them, hinted blocks held by class, evicted last (farthest next use
+first), stores declined that would evict nearer ones, and its counters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvoffload import BlockHash, BlockStateError, CPUBackend, PolicyOffloadingManager
+from kvoffload.policies import available_policies
+from kvoffload.policies.arc import T1, T2
+from kvoffload.policies.hkvarc import HKVARCPolicy
+from kvoffload.replay import ReplayTrace, parse_capacity, replay
+from kvoffload.runtime.trace import load_mooncake_trace
+from kvoffload.table import TAGS
+
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+COUNTERS = {"deferred", "redirected", "declined_blocks", "hinted_hits"}
+
+
+def _hs(*ids: int) -> list[BlockHash]:
+    return [BlockHash(b"b%d" % i) for i in ids]
+
+
+def _manager(capacity: int, policy: str = "hkvarc") -> PolicyOffloadingManager:
+    return PolicyOffloadingManager(CPUBackend(16, capacity), policy=policy, enable_events=True)
+
+
+def _store(m: PolicyOffloadingManager, *ids: int) -> Any:
+    out = m.prepare_store(_hs(*ids))
+    assert out is not None
+    m.complete_store(out.block_hashes_to_store)
+    return out
+
+
+def _policy(m: PolicyOffloadingManager) -> HKVARCPolicy:
+    assert isinstance(m.policy, HKVARCPolicy)
+    return m.policy
+
+
+def _lists(m: PolicyOffloadingManager) -> dict[str, int]:
+    return dict(m.stats().lists)
+
+
+# -- no hints: kvarc exactly --------------------------------------------------
+
+UNIVERSE = 12
+ids = st.lists(st.integers(0, UNIVERSE - 1), max_size=6)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("touch"), ids),
+        st.tuples(st.just("lookup"), ids),
+        st.tuples(st.just("store"), ids),
+        st.tuples(st.just("store"), ids),
+        st.tuples(st.just("prepare_store"), ids),
+        st.tuples(st.just("complete_store"), ids, st.booleans()),
+        st.tuples(st.just("prepare_load"), ids),
+        st.tuples(st.just("complete_load"), ids),
+        st.tuples(st.just("clear")),
+    ),
+    max_size=80,
+)
+
+
+def _answer(m: PolicyOffloadingManager, op: tuple[Any, ...]) -> Any:
+    kind = op[0]
+    try:
+        if kind == "store":
+            out = m.prepare_store(_hs(*op[1]))
+            if out is None:
+                return None
+            m.complete_store(out.block_hashes_to_store)
+            kind, op = "prepared", ("", [])
+        elif kind == "complete_store":
+            return m.complete_store(_hs(*op[1]), success=op[2])
+        elif kind == "clear":
+            return m.clear()
+        else:
+            out = getattr(m, kind)(_hs(*op[1]))
+        if hasattr(out, "store_spec"):
+            return (
+                out.block_hashes_to_store,
+                out.block_hashes_evicted,
+                list(out.store_spec.block_ids),
+            )
+        return list(out.block_ids) if hasattr(out, "block_ids") else out
+    except BlockStateError as e:
+        return ("raised", str(e))
+
+
+def _table(m: PolicyOffloadingManager) -> list[list[tuple[Any, ...]]]:
+    t = m.table
+    return [[(h, handle, t.ref(h)) for h, handle in t.items(tag)] for tag in range(TAGS)]
+
+
+def _log(m: PolicyOffloadingManager) -> list[tuple[Any, ...]]:
+    assert m.event_log is not None
+    return [(r.seq, r.kind, r.block_hashes, r.detail) for r in m.event_log.read(0).records]
+
+
+@settings(max_examples=300, deadline=None)
+@given(capacity=st.integers(1, 8), program=OPS, target=st.none() | st.floats(0, 1))
+def test_hkvarc_without_hints_is_kvarc_exactly(
+    capacity: int, program: list[tuple[Any, ...]], target: float | None
+) -> None:
+    """The same program on both: every answer, every list in order (ghosts
+    too), every event and every count equal."""
+    ours, kvarc = _manager(capacity), _manager(capacity, "kvarc")
+    if target is not None:  # start elsewhere than half the capacity
+        _policy(ours).target_t1_size = kvarc.policy.target_t1_size = target * capacity  # type: ignore[attr-defined]
+    for op in program:
+        assert _answer(ours, op) == _answer(kvarc, op), op
+        assert _table(ours) == _table(kvarc)
+        assert _policy(ours).target_t1_size == kvarc.policy.target_t1_size  # type: ignore[attr-defined]
+    assert _log(ours) == _log(kvarc)
+    s, k = ours.stats(), kvarc.stats()
+    assert dict(s.lists) == {**k.lists, "h1": 0, "h2": 0}
+    assert dict(s.counters.evictions) == {**k.counters.evictions, "h1": 0, "h2": 0}
+    assert s.counters.ghost_hits == k.counters.ghost_hits
+    assert (s.counters.hit_blocks, s.counters.store_blocks) == (
+        k.counters.hit_blocks,
+        k.counters.store_blocks,
+    )
+    assert s.params == k.params
+    assert s.policy_counters == dict.fromkeys(COUNTERS, 0)
+
+
+@pytest.mark.parametrize("trace", ["conversation", "synthetic"])
+def test_hkvarc_replays_the_shared_traces_as_kvarc_does(trace: str) -> None:
+    workload = load_mooncake_trace(TRACES / f"mooncake_{trace}_trace.jsonl")
+    t = ReplayTrace.from_requests(workload, name=trace, trace_block_size=workload.trace_block_size)
+    for spec in ("5%", "10%"):
+        capacity = parse_capacity(spec, t.unique_blocks)
+        ours, kvarc = (replay(t, policy=p, capacity=capacity) for p in ("hkvarc", "kvarc"))
+        assert (ours.hit_blocks, ours.evictions, ours.rejected_stores) == (
+            kvarc.hit_blocks,
+            kvarc.evictions,
+            kvarc.rejected_stores,
+        )
+
+
+# -- with hints ------------------------------------------------------------------
+
+
+def test_hkvarc_holds_hinted_blocks_by_class_until_their_request_is_served() -> None:
+    m = _manager(6)
+    _store(m, 1, 2, 3)
+    m.touch(_hs(3))  # 3 in T2
+    assert _lists(m) == {"t1": 2, "t2": 1, "h1": 0, "h2": 0, "b1": 0, "b2": 0}
+    ticket = m.hint(_hs(2, 3, 9))
+    s = m.stats()
+    assert dict(s.lists) == {"t1": 1, "t2": 0, "h1": 1, "h2": 1, "b1": 0, "b2": 0}
+    assert sum(s.resident_lists.values()) == s.used and s.ghost_list_names == {"b1", "b2"}
+    assert s.policy_counters["deferred"] == 2
+    # served: unhinted (2 and 3 were found), then touched as kvarc would
+    m.unhint(ticket)
+    m.touch(_hs(2, 3, 9))
+    assert _lists(m) == {"t1": 1, "t2": 2, "h1": 0, "h2": 0, "b1": 0, "b2": 0}
+    assert list(_policy(m).t2) == _hs(3, 2)  # the first hash most recent
+    assert m.stats().policy_counters == {
+        "deferred": 2,
+        "redirected": 0,
+        "declined_blocks": 0,
+        "hinted_hits": 2,  # 2 and 3 were resident and ready as it left the window
+    }
+
+
+def test_hkvarc_counts_the_hits_hinted_requests_find() -> None:
+    m = _manager(6)
+    _store(m, 1, 2, 3)
+    first = m.hint(_hs(1, 2, 7, 3))  # finds 1, 2: the prefix resident
+    second = m.hint(_hs(8, 1))  # finds nothing: 8 is not offloaded
+    m.unhint(second)
+    m.unhint(first)
+    assert m.stats().policy_counters["hinted_hits"] == 2
+
+
+def test_hkvarc_evicts_unhinted_blocks_first_then_held_ones_farthest_first() -> None:
+    m = _manager(4)
+    _store(m, 1, 2, 3, 4)
+    m.touch(_hs(2))  # 2 in T2
+    tickets = [m.hint(_hs(6, 7, 8, 9)), m.hint(_hs(1, 4)), m.hint(_hs(2))]
+    # 3 is the only block no waiting request uses; then the held ones,
+    # farthest next use first: 2, then the chain 1, 4 tail first
+    out = m.prepare_store(_hs(6, 7, 8, 9))
+    assert out is not None and out.block_hashes_to_store == _hs(6, 7, 8, 9)
+    assert out.block_hashes_evicted == _hs(3, 2, 4, 1)
+    m.complete_store(out.block_hashes_to_store)
+    s = m.stats()
+    # victims become ghosts by class: 4 and 1 were T1 blocks, 2 a T2 one
+    assert list(_policy(m).b1) == _hs(3, 4, 1) and list(_policy(m).b2) == _hs(2)
+    assert s.counters.evictions == {"t1": 1, "t2": 0, "h1": 2, "h2": 1}
+    assert s.policy_counters["redirected"] == 3
+    assert dict(s.lists) == {"t1": 0, "t2": 0, "h1": 4, "h2": 0, "b1": 3, "b2": 1}
+    assert m.event_log is not None
+    (removed,) = [r.detail for r in m.event_log.read(0).records if r.kind == "removed"]
+    assert removed == {"t1": "1", "h1": "2", "h2": "1"}
+    for ticket in tickets:
+        m.unhint(ticket)
+
+
+def test_hkvarc_declines_blocks_it_would_evict_a_nearer_one_for() -> None:
+    m = _manager(3)
+    _store(m, 1, 2, 3)
+    soon = m.hint(_hs(1, 2))
+    middle = m.hint(_hs(5))
+    late = m.hint(_hs(3))
+    # 5 and 6 need two slots and every block is held: 5 is used before 3
+    # (the farthest held block), 6 by no waiting request: only 5 is stored
+    out = m.prepare_store(_hs(5, 6))
+    assert out is not None
+    assert out.block_hashes_to_store == _hs(5) and out.block_hashes_evicted == _hs(3)
+    assert list(out.store_spec.block_ids) == [2]  # type: ignore[attr-defined]
+    with pytest.raises(BlockStateError):
+        m.complete_store(_hs(6))  # declined: never prepared
+    m.complete_store(out.block_hashes_to_store)
+    s = m.stats()
+    assert s.policy_counters["declined_blocks"] == 1 and s.counters.store_blocks["stored"] == 4
+    assert s.counters.store_blocks["skipped_present"] == 0
+    # a store that room in T1/T2 covers is never declined
+    for ticket in (soon, middle, late):
+        m.unhint(ticket)
+    out = m.prepare_store(_hs(6))
+    assert out is not None and out.block_hashes_to_store == _hs(6)
+    assert m.stats().policy_counters["declined_blocks"] == 1
+
+
+def test_hkvarc_declines_nothing_with_an_empty_window() -> None:
+    m = _manager(2)
+    _store(m, 1, 2)
+    m.unhint(m.hint(_hs(1, 2)))
+    out = m.prepare_store(_hs(3, 4))
+    assert out is not None and out.block_hashes_to_store == _hs(3, 4)
+
+
+def test_hkvarc_orders_held_blocks_last_for_the_next_policy() -> None:
+    m = _manager(5)
+    _store(m, 1, 2, 3, 4, 5)
+    m.touch(_hs(5))
+    m.hint(_hs(3))
+    m.hint(_hs(5, 1))
+    # T1 in line (tail first), T2 in line, then held: 1 (farthest), 5, 3
+    assert [h for h, _ in _policy(m).ordered_items()] == _hs(4, 2, 1, 5, 3)
+
+
+@pytest.mark.parametrize("other", sorted(set(available_policies()) - {"hkvarc"}))
+def test_switching_to_hkvarc_holds_the_window_and_away_releases_it(other: str) -> None:
+    m = _manager(6, other)
+    _store(m, 1, 2, 3, 4)
+    ticket = m.hint(_hs(2, 4, 8))
+    m.switch_policy("hkvarc")
+    s = m.stats()
+    assert s.lists["h1"] == 2 and s.lists["t1"] == 2
+    assert s.policy_counters == {**dict.fromkeys(COUNTERS, 0), "deferred": 2}
+    m.switch_policy(other)
+    assert m.table.held(T1) == m.table.held(T2) == 0
+    assert sum(m.stats().resident_lists.values()) == 4
+    assert m.stats().policy_counters == {}
+    m.switch_policy("hkvarc")  # and back: held again, counted afresh
+    assert m.stats().policy_counters["deferred"] == 2
+    m.unhint(ticket)
+    assert m.stats().lists["h1"] == 0 and len(m) == 4
+
+
+def test_clear_evicts_held_blocks_too_and_keeps_the_window() -> None:
+    m = _manager(4)
+    _store(m, 1, 2, 3)
+    ticket = m.hint(_hs(1, 2))
+    assert sorted(m.clear()) == _hs(1, 2, 3)
+    assert len(m) == 0 and m.stats().window.requests == 1
+    _store(m, 1)
+    assert m.stats().lists["h1"] == 1  # still coming: held once stored again
+    m.unhint(ticket)

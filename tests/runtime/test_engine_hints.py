@@ -1,0 +1,108 @@
+"""The engine hints its waiting queue to the manager: every request that has
+arrived and is not served yet is in the manager's hint window, in queue order,
+with the offloaded blocks it will use; a request leaves the window right before
+it is served; switches and resets keep the window."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kvoffload.policies import available_policies
+from kvoffload.runtime.config import EngineConfig
+from kvoffload.runtime.engine import Engine
+from kvoffload.runtime.snapshot import EngineSnapshot
+from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
+from kvoffload.runtime.workloads import Request, engine_block_hashes
+
+BLOCK = 64  # tokens per offloaded block = the workload's trace block size
+FACTOR = 4  # offloaded block of 64 tokens / GPU block of 16
+
+
+def small_config(max_waiting_requests: int) -> EngineConfig:
+    return EngineConfig(
+        gpu_block_size=16,
+        offloaded_block_size=BLOCK,
+        num_gpu_blocks=96,
+        num_cpu_blocks=48,
+        num_layers=2,
+        num_kv_heads=1,
+        head_size=8,
+        max_requests_per_step=4,
+        max_waiting_requests=max_waiting_requests,
+    )
+
+
+def synthetic(num_requests: int) -> SyntheticWorkload:
+    """Heavy reuse: few open chats and a small document set."""
+    return SyntheticWorkload(
+        SyntheticConfig(
+            seed=1,
+            num_requests=num_requests,
+            trace_block_size=BLOCK,
+            open_chats=8,
+            num_documents=20,
+            document_blocks=(2, 8),
+            one_off_blocks=(1, 8),
+        )
+    )
+
+
+def offloaded(r: Request, num_gpu_blocks: int) -> list[object]:
+    """The offloaded hashes ``r`` uses, worked out here from the workload's
+    block ids (the engine cuts a prompt to half its GPU cache)."""
+    gpu = engine_block_hashes(
+        r.block_ids, trace_block_size=BLOCK, engine_block_size=16, num_tokens=r.input_length
+    )
+    gpu = gpu[: max(FACTOR, (num_gpu_blocks // 2) // FACTOR * FACTOR)]
+    return [gpu[(j + 1) * FACTOR - 1] for j in range(len(gpu) // FACTOR)]
+
+
+def assert_window_is_the_queue(
+    engine: Engine, snap: EngineSnapshot, requests: list[Request], waiting: int
+) -> None:
+    served = snap.runtime.requests
+    queued = requests[served : served + waiting]
+    uses = [offloaded(r, engine.config.num_gpu_blocks) for r in queued]
+    window = snap.manager.window
+    assert window.requests == len(queued)
+    assert window.uses == sum(map(len, uses))
+    assert window.blocks == len({h for u in uses for h in u})
+    # every hash the queue will use is hinted, and the next request's come first
+    table = engine.manager.table
+    if uses and uses[0]:
+        assert -1 not in table.next_uses(uses[0])
+        assert max(table.next_uses(uses[0])) < min(
+            (k for u in uses[1:] for k in table.next_uses(u) if u and u[0] not in uses[0]),
+            default=2**62,
+        )
+
+
+@pytest.mark.parametrize("waiting", [4, 16])
+def test_the_hint_window_is_the_waiting_queue_after_every_step(waiting: int) -> None:
+    requests = list(synthetic(num_requests=120))
+    engine = Engine(small_config(max_waiting_requests=waiting), synthetic(num_requests=120))
+    steps = 0
+    while engine.run(max_steps=1).step > steps:
+        steps += 1
+        snap = engine.snapshot()
+        left = len(requests) - snap.runtime.requests
+        assert_window_is_the_queue(engine, snap, requests, min(waiting, left))
+    snap = engine.snapshot()
+    assert snap.runtime.requests == len(requests)
+    assert snap.manager.window.requests == snap.manager.window.uses == 0
+    assert snap.manager.window.blocks == 0
+
+
+def test_switches_and_resets_keep_the_window() -> None:
+    requests = list(synthetic(num_requests=200))
+    engine = Engine(small_config(max_waiting_requests=8), synthetic(num_requests=200))
+    engine.run(max_steps=2)
+    for policy in itertools.islice(itertools.cycle(available_policies()), 12):
+        engine.switch_policy(policy)
+        engine.reset()
+        snap = engine.run(max_steps=1)  # both commands apply before the step
+        assert snap.manager.policy == policy
+        assert snap.commands["reset"].applied_at_step == snap.step - 1
+        assert_window_is_the_queue(engine, snap, requests, 8)
