@@ -1330,8 +1330,10 @@ BT_tag_of(BlockTable *t, PyObject *key)
     return PyLong_FromLong(ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag);
 }
 
+/* A list with value(t, ix) for each hash (ix: its entry, -1 for none),
+ * every hash looked up first. value returns a new reference or NULL. */
 static PyObject *
-BT_tags(BlockTable *t, PyObject *hashes)
+per_hash(BlockTable *t, PyObject *hashes, PyObject *(*value)(BlockTable *, int32_t))
 {
     PyObject *seq = as_seq(hashes);
     if (seq == NULL)
@@ -1346,22 +1348,36 @@ BT_tags(BlockTable *t, PyObject *hashes)
     PyObject *res = NULL;
     if (items_snapshot(&b, seq) < 0)
         goto done;
+    for (Py_ssize_t i = 0; i < b.n; i++)
+        if (item_find(t, &b.v[i]) < 0)
+            goto done;
     PyObject *out = PyList_New(b.n);
     if (out == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < b.n; i++) {
-        if (item_find(t, &b.v[i]) < 0) {
+        PyObject *v = value(t, b.v[i].ix);
+        if (v == NULL) {
             Py_DECREF(out);
             goto done;
         }
-        int32_t ix = b.v[i].ix;
-        int tag = ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag;
-        /* -1..7 are cached small ints: this cannot fail */
-        PyList_SET_ITEM(out, i, PyLong_FromLong(tag));
+        PyList_SET_ITEM(out, i, v);
     }
     res = out;
 done:
     return leave(t, &b, seq, res);
+}
+
+static PyObject *
+tag_value(BlockTable *t, int32_t ix)
+{
+    /* -1..7 are cached small ints: this cannot fail */
+    return PyLong_FromLong(ix < 0 || t->entries[ix].tag >= N_TAGS ? -1 : t->entries[ix].tag);
+}
+
+static PyObject *
+BT_tags(BlockTable *t, PyObject *hashes)
+{
+    return per_hash(t, hashes, tag_value);
 }
 
 static PyObject *
@@ -3179,42 +3195,16 @@ BT_unhint(BlockTable *t, PyObject *ticket)
 }
 
 static PyObject *
+next_use_value(BlockTable *t, int32_t ix)
+{
+    int32_t head = ix < 0 ? -1 : qhead_of(t, ix);
+    return PyLong_FromLongLong(head < 0 ? -1 : t->nodes[head].key);
+}
+
+static PyObject *
 BT_next_uses(BlockTable *t, PyObject *hashes)
 {
-    PyObject *seq = as_seq(hashes);
-    if (seq == NULL)
-        return NULL;
-    if (t->in_call) {
-        Py_DECREF(seq);
-        return reentered();
-    }
-    t->in_call = 1;
-    Items b;
-    items_init(&b);
-    PyObject *res = NULL;
-    if (items_snapshot(&b, seq) < 0)
-        goto done;
-    PyObject *out = PyList_New(b.n);
-    if (out == NULL)
-        goto done;
-    for (Py_ssize_t i = 0; i < b.n; i++) {
-        if (item_find(t, &b.v[i]) < 0) {
-            Py_DECREF(out);
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < b.n; i++) {
-        int32_t ix = b.v[i].ix, head = ix < 0 ? -1 : qhead_of(t, ix);
-        PyObject *key = PyLong_FromLongLong(head < 0 ? -1 : t->nodes[head].key);
-        if (key == NULL) {
-            Py_DECREF(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, i, key);
-    }
-    res = out;
-done:
-    return leave(t, &b, seq, res);
+    return per_hash(t, hashes, next_use_value);
 }
 
 static PyObject *

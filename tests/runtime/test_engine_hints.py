@@ -8,45 +8,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from test_engine import BLOCK, small_config, synthetic  # the engine tests' tiny model
 
 from kvoffload.policies import available_policies
-from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.snapshot import EngineSnapshot
-from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.workloads import Request, engine_block_hashes
 
-BLOCK = 64  # tokens per offloaded block = the workload's trace block size
 FACTOR = 4  # offloaded block of 64 tokens / GPU block of 16
-
-
-def small_config(max_waiting_requests: int) -> EngineConfig:
-    return EngineConfig(
-        gpu_block_size=16,
-        offloaded_block_size=BLOCK,
-        num_gpu_blocks=96,
-        num_cpu_blocks=48,
-        num_layers=2,
-        num_kv_heads=1,
-        head_size=8,
-        max_requests_per_step=4,
-        max_waiting_requests=max_waiting_requests,
-    )
-
-
-def synthetic(num_requests: int) -> SyntheticWorkload:
-    """Heavy reuse: few open chats and a small document set."""
-    return SyntheticWorkload(
-        SyntheticConfig(
-            seed=1,
-            num_requests=num_requests,
-            trace_block_size=BLOCK,
-            open_chats=8,
-            num_documents=20,
-            document_blocks=(2, 8),
-            one_off_blocks=(1, 8),
-        )
-    )
 
 
 def offloaded(r: Request, num_gpu_blocks: int) -> list[object]:
