@@ -345,9 +345,9 @@ class PolicyOffloadingManager(OffloadingManager):
         """Change the eviction policy in place; returns the previous name.
 
         Every resident block stays, with its block id and reference count;
-        in-flight stores and loads are untouched; counters continue (the
+        in-flight stores and loads are untouched; counters continue (a
         policy's own, :meth:`~kvoffload.policies.EvictionPolicy.counters`,
-        start again with it); the hint window is kept. The old
+        add up over every time it is the policy); the hint window is kept. The old
         policy's order (first-evicted first) seeds the new one; ghost history
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
