@@ -642,11 +642,10 @@ heap_down(BlockTable *t, Aside *A, int32_t pos)
     rec_put(t, A, pos, r);
 }
 
-/* room for k more records of tag `tag`; -1 with MemoryError */
+/* room for k more records in A; -1 with MemoryError */
 static int
-aside_reserve(BlockTable *t, int tag, Py_ssize_t k)
+recs_reserve(Aside *A, Py_ssize_t k)
 {
-    Aside *A = &t->aside[tag];
     if (k <= (Py_ssize_t)A->cap - A->n)
         return 0;
     Py_ssize_t nc = (Py_ssize_t)A->cap * 2;
@@ -662,6 +661,13 @@ aside_reserve(BlockTable *t, int tag, Py_ssize_t k)
     A->v = nv;
     A->cap = (int32_t)nc;
     return 0;
+}
+
+/* room for k more records of tag `tag`; -1 with MemoryError */
+static int
+aside_reserve(BlockTable *t, int tag, Py_ssize_t k)
+{
+    return recs_reserve(&t->aside[tag], k);
 }
 
 /* the records entry e (set aside or held) is in */
@@ -772,22 +778,7 @@ entry_detach(BlockTable *t, int32_t ix)
 static int
 held_reserve(BlockTable *t, Py_ssize_t k)
 {
-    Aside *A = &t->held;
-    if (k <= (Py_ssize_t)A->cap - A->n)
-        return 0;
-    Py_ssize_t nc = (Py_ssize_t)A->cap * 2;
-    if (nc < A->n + k)
-        nc = A->n + k;
-    if (nc < MIN_ASIDE)
-        nc = MIN_ASIDE;
-    Rec *nv = nc <= MAX_ENTRIES ? PyMem_Realloc(A->v, (size_t)nc * sizeof(Rec)) : NULL;
-    if (nv == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    A->v = nv;
-    A->cap = (int32_t)nc;
-    return 0;
+    return recs_reserve(&t->held, k);
 }
 
 /* the held stamp of hinted entry ix: farthest next use first */
@@ -2508,16 +2499,23 @@ typedef struct {
     int32_t small[SMALL_FRONT];
 } Side;
 
+/* a walk from `cur` (-1: none), its set-aside records in A */
 static void
-side_init(BlockTable *t, Side *s, int tag)
+side_start(Side *s, int tag, int32_t cur, const Aside *A)
 {
     s->tag = tag;
-    s->cur = t->lists[tag].head;
+    s->cur = cur;
     s->found = s->aside = 0;
     s->front = s->small;
     s->capfront = SMALL_FRONT;
-    s->nfront = t->aside[tag].ready > 0;
+    s->nfront = A->ready > 0;
     s->small[0] = 0;
+}
+
+static void
+side_init(BlockTable *t, Side *s, int tag)
+{
+    side_start(s, tag, t->lists[tag].head, &t->aside[tag]);
 }
 
 static void
@@ -2671,13 +2669,7 @@ walk_held(BlockTable *t, Side *s, int ta, int tb, Py_ssize_t want, Py_ssize_t *f
 static void
 side_init_held(BlockTable *t, Side *s)
 {
-    s->tag = -1;
-    s->cur = -1;
-    s->found = s->aside = 0;
-    s->front = s->small;
-    s->capfront = SMALL_FRONT;
-    s->nfront = t->held.ready > 0;
-    s->small[0] = 0;
+    side_start(s, -1, -1, &t->held);
 }
 
 /* how `protected` is searched */
