@@ -55,9 +55,7 @@ def test_nothing_reads_a_path_outside_the_repository() -> None:
     files = subprocess.run(
         ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
-    pattern = re.compile(
-        rf"\.\./{sibling}|[\"']{sibling}[\"']\s*/|parents?\b.*{sibling}/data"
-    )
+    pattern = re.compile(rf"\.\./{sibling}|[\"']{sibling}[\"']\s*/|parents?\b.*{sibling}/data")
     offenders = [
         f
         for f in files

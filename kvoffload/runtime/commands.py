@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kvoffload.errors import KVOffloadError
+
+if TYPE_CHECKING:
+    from kvoffload.manager import PolicyOffloadingManager
 
 __all__ = [
     "Command",
@@ -17,6 +20,7 @@ __all__ = [
     "EngineStoppedError",
     "UnsupportedCommandError",
     "VersionConflictError",
+    "apply_switch",
     "check_version",
 ]
 
@@ -69,3 +73,17 @@ def check_version(expected: int | None, current: int) -> None:
     """Raise :class:`VersionConflictError` unless ``expected`` is ``None`` or ``current``."""
     if expected is not None and expected != current:
         raise VersionConflictError(expected, current)
+
+
+def apply_switch(
+    manager: PolicyOffloadingManager, command: Command, version: int
+) -> dict[str, str]:
+    """Apply the ``switch_policy`` ``command`` to ``manager`` whose policy is
+    at ``version`` (the caller then counts one more); returns the result's
+    detail. A stale ``expected_version`` raises :class:`VersionConflictError`
+    and an unknown policy :class:`~kvoffload.errors.PolicyError`, changing
+    nothing."""
+    assert command.kind == "switch_policy" and command.policy is not None, command
+    check_version(command.expected_version, version)
+    old = manager.switch_policy(command.policy)
+    return {"from": old, "to": manager.policy_name}

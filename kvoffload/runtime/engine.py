@@ -39,7 +39,7 @@ from kvoffload.runtime.commands import (
     CommandKind,
     CommandResult,
     EngineStoppedError,
-    check_version,
+    apply_switch,
 )
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.jobs import TransferJobs
@@ -299,11 +299,8 @@ class Engine:
         m = self.manager
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
-            assert command.policy is not None
-            check_version(command.expected_version, self._policy_version)
-            old = m.switch_policy(command.policy)
+            detail = apply_switch(m, command, self._policy_version)
             self._policy_version += 1
-            detail = {"from": old, "to": m.policy_name}
         elif command.kind == "pause":
             if self._state == "running":
                 # A paused engine is a quiet one: its loads and stores finish

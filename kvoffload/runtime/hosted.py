@@ -62,7 +62,7 @@ from kvoffload.runtime.commands import (
     CommandResult,
     EngineStoppedError,
     UnsupportedCommandError,
-    check_version,
+    apply_switch,
 )
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.stats import ManagerStats
@@ -316,11 +316,8 @@ class HostedManager(OffloadingManager):
         m = self.manager
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
-            assert command.policy is not None
-            check_version(command.expected_version, self._version)
-            old = m.switch_policy(command.policy)
+            detail = apply_switch(m, command, self._version)
             self._version += 1
-            detail = {"from": old, "to": m.policy_name}
         else:
             assert command.kind == "reset", command
             detail = {"cpu_blocks_evicted": str(len(m.clear()))}

@@ -77,7 +77,7 @@ EXPORTS = {
     "kvoffload.runtime.arrivals": ["Arrivals", "WaitingQueue"],
     "kvoffload.runtime.commands": [
         "Command", "CommandKind", "CommandResult", "EngineStoppedError", "UnsupportedCommandError",
-        "VersionConflictError", "check_version",
+        "VersionConflictError", "apply_switch", "check_version",
     ],
     "kvoffload.runtime.config": ["EngineConfig"],
     "kvoffload.runtime.engine": ["Engine", "EngineConfig"],
