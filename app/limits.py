@@ -10,7 +10,7 @@ headers.
   read and refused (413) once it passes the cap. An answer sent before the
   body was read to its end (a 401, a 404, a 413) closes the connection, so
   the server does not go on receiving a body nobody wants.
-- :func:`header_timeout_protocol`: uvicorn's h11 protocol, closing a
+- :func:`header_timeout_protocol`: uvicorn's httptools protocol, closing a
   connection whose request line and headers have not all arrived within the
   deadline (a client trickling one header line at a time holds nothing for
   long). The clock starts when the connection opens, and again when an
@@ -24,10 +24,9 @@ import json
 import re
 from typing import Any
 
-import h11
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["RequestLimits", "header_timeout_protocol"]
 
@@ -106,27 +105,30 @@ async def _answer(send: Send, status: int, code: str, message: str) -> None:
 
 
 def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
-    """An h11 protocol class for ``uvicorn.Config(http=...)`` that closes a
-    connection whose request line and headers take longer than ``timeout``."""
+    """An httptools protocol class for ``uvicorn.Config(http=...)`` that closes
+    a connection whose request line and headers take longer than ``timeout``."""
 
-    class HeaderTimeoutProtocol(H11Protocol):
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
         _header_deadline: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
 
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self.conn.their_state is h11.IDLE:
-                if self._header_deadline is None:
-                    self._arm()  # a new request, pipelined behind the last one
-            else:
-                self._disarm()  # its headers are in
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._header_deadline is None:
+                self._arm()  # a new request, pipelined behind the last one
+
+        def on_headers_complete(self) -> None:
+            self._disarm()  # its headers are in
+            super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            # Waiting for a request again, unless a pipelined one (headers in)
+            # was started; one still arriving keeps the deadline it has.
+            if self._idle() and self._header_deadline is None and not self.transport.is_closing():
                 self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -144,7 +146,12 @@ def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
 
         def _headers_late(self) -> None:
             self._header_deadline = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            # never while an answer is being made (a request pipelined behind
+            # it gets a new deadline when that answer is complete)
+            if self._idle() and not self.transport.is_closing():
                 self.transport.close()
+
+        def _idle(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
 
     return HeaderTimeoutProtocol

@@ -243,7 +243,8 @@ ODD_TARGETS = [
     "/v1/policy/",
     "/v1//cache",
     "/v1/cache;x",
-    "http://evil.example/v1/cache",
+    "http://evil.example/v1/../v1/cache",
+    "http://evil.example//v1/cache",
     "/" + "a" * 4000,
 ]
 
@@ -256,6 +257,16 @@ def test_odd_request_targets_are_routed_as_written(server: Served, target: str) 
     )
     assert status_of(answer) == 404, answer[:300]
     assert b"X-Injected" not in answer.split(b"\r\n\r\n")[0]
+
+
+def test_absolute_form_target_is_routed_by_its_path(server: Served) -> None:
+    # RFC 9112, 3.2.2: a server must accept the absolute form; its path is
+    # then routed as written (the odd ones above include absolute forms)
+    answer = raw_request(
+        server.port,
+        f"GET http://evil.example/v1/cache HTTP/1.1\r\nHost: x\r\nAuthorization: {ADMIN['Authorization']}\r\n\r\n".encode(),
+    )
+    assert status_of(answer) == 200, answer[:300]
 
 
 @pytest.mark.parametrize(
@@ -344,6 +355,32 @@ def test_slow_request_headers_are_cut_off() -> None:
         for sock in trickles:
             sock.close()
         assert len(closed) == len(trickles), f"{len(trickles) - len(closed)} connections held"
+
+
+def test_header_deadline_spares_pipelined_requests_and_cuts_a_late_one() -> None:
+    def get(route: str) -> bytes:
+        return f"GET {route} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+
+    with served("--header-timeout", "1") as s:
+        # three complete requests in one packet: all answered, in order, on a
+        # connection that stays open (no deadline runs while they are served)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            sock.sendall(get("/livez") + get("/readyz") + get("/livez"))
+            got = b""
+            while got.count(b"HTTP/1.1 200") < 3:
+                chunk = sock.recv(65536)
+                assert chunk, f"closed after {got.count(b'HTTP/1.1 200')} answers"
+                got += chunk
+        # a complete request followed by the start of another whose headers
+        # never end: the first is answered, then the connection is closed
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            started = time.monotonic()
+            sock.sendall(get("/livez") + b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+            assert got.count(b"HTTP/1.1 200") == 1
+            assert time.monotonic() - started < 5
 
 
 # --------------------------------------------------------------------------- start-up
