@@ -20,14 +20,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from opentelemetry.trace import NoOpTracer, TracerProvider
 from prometheus_client import CollectorRegistry
 
 from app.auth import require_read, uses
-from app.deps import reject_unknown_query_params
 from app.engine_setup import build_engine
 from app.errors import error_responses, install_error_handlers
 from app.limits import RequestLimits
@@ -117,8 +116,8 @@ def build_app(
         version=__version__,
         description=_DESCRIPTION,
         lifespan=_owned_engine if service is None else None,
-        dependencies=[Depends(reject_unknown_query_params)],
-        # every route may reject a request (e.g. an unknown query parameter)
+        # every route may reject a request (an unknown query parameter:
+        # app.auth.GuardedRoute)
         responses=error_responses(422),
         # a target is routed as written: /v1/cache/ is not /v1/cache
         redirect_slashes=False,

@@ -14,8 +14,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute
 
 from app.auth import require_admin, require_read
 from app.errors import ApiError
@@ -27,33 +25,7 @@ __all__ = [
     "EventLogDep",
     "ReadAccess",
     "ServiceDep",
-    "reject_unknown_query_params",
 ]
-
-
-def _query_names(dependant: Dependant) -> set[str]:
-    names = {field.alias for field in dependant.query_params}
-    for sub in dependant.dependencies:
-        names |= _query_names(sub)
-    return names
-
-
-async def reject_unknown_query_params(request: Request) -> None:
-    """A misspelt query parameter is an error, not silently ignored."""
-    if not request.query_params:
-        return
-    route = request.scope.get("route")
-    if not isinstance(route, APIRoute):
-        return
-    known = _query_names(route.dependant)
-    unknown = sorted(set(request.query_params) - known)
-    if unknown:
-        allowed = ", ".join(sorted(known)) or "none"
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"unknown query parameter {unknown[0]!r}; this route takes: {allowed}",
-        )
 
 
 async def get_service(request: Request) -> ServiceState:

@@ -116,6 +116,8 @@ def start_admin_server(
         http=header_timeout_protocol(settings.header_timeout),
         ws="none",
         lifespan="off",
+        # nothing in front is trusted to say who the client is
+        proxy_headers=False,
         log_config=None,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",

@@ -278,6 +278,21 @@ def test_openapi_and_docs(client: TestClient) -> None:
 # --------------------------------------------------------------------------- errors
 
 
+def test_unknown_query_parameters_are_refused_after_auth(client: TestClient) -> None:
+    typo = client.get("/v1/events?limt=5", headers=READ_HEADERS)
+    error = assert_error(typo, 422, "invalid_request")
+    assert error["message"] == (
+        "unknown query parameter 'limt'; this route takes: after_seq, limit"
+    )
+    none_taken = client.get("/v1/cache?verbose=1", headers=READ_HEADERS)
+    assert assert_error(none_taken, 422, "invalid_request")["message"].endswith("takes: none")
+    # who is asking is decided first
+    assert_error(client.get("/v1/cache?verbose=1"), 401, "missing_token")
+    # a known one passes, and so does an empty query string
+    assert client.get("/v1/events?limit=1", headers=READ_HEADERS).status_code == 200
+    assert client.get("/v1/cache?", headers=READ_HEADERS).status_code == 200
+
+
 def test_errors_are_json_and_4xx(client: TestClient) -> None:
     malformed = client.put(
         "/v1/policy",
