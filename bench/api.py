@@ -22,7 +22,14 @@ outside load spoils one cycle, not the result. Prints p50/p99 latency per load
 vs loaded and their ratio (targets: >= 0.95 at 10 requests/s, >= 0.9 at 50,
 p99 < 20 ms), and the CPU cores the server process used: on a
 machine with other busy processes the server gets less than it asks for and
-the ratio suffers from that too (the load average is printed).
+the ratio suffers from that too (the load average is printed). On 2 cores,
+measure on an otherwise idle machine: the engine takes one core, and the
+server's event loop and this load generator need the other.
+
+Last, with the engine paused, the server's CPU time per ``GET /v1/cache``
+and ``GET /livez`` (2000 in a row on one connection, least of 5): what a
+request costs the GIL when nothing contends for it, a figure far less noisy
+than the ratios.
 
     .venv/bin/python bench/api.py [--duration 5] [--quick] [--json]
 """
@@ -33,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -51,6 +59,9 @@ SCRAPES_PER_S = 1
 #: the engine-throughput target per cache rate (None: a figure, no target)
 TARGET_RATIO: dict[int, float | None] = {10: 0.95, 50: 0.9, 200: None}
 TARGET_P99_MS = 20.0
+#: routes whose GIL time per request is measured with the engine paused
+PER_REQUEST_ROUTES = ("/v1/cache", "/livez")
+ADMIN_TOKEN = secrets.token_hex(16)
 
 
 @dataclass(frozen=True)
@@ -157,6 +168,7 @@ def start_server(port: int, extra: list[str], floor: bool = False) -> subprocess
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env["KVOFFLOAD_SPEED"] = "0"  # the engine replays at full speed during the benchmark
+    env["KVOFFLOAD_ADMIN_TOKEN"] = ADMIN_TOKEN  # to pause it for the per-request figure
     if floor:
         cmd = [sys.executable, __file__, "--serve-floor", str(port)]
     else:
@@ -281,6 +293,44 @@ def load_phase(
     return Phase(step1 - step0, t1 - t0, cpu1 - cpu0), latencies, scrapes, errors, achieved
 
 
+def cpu_per_request(
+    proc: subprocess.Popen[bytes], port: int, route: str, n: int = 2000, repeats: int = 5
+) -> float:
+    """Microseconds of the server's CPU per ``GET route``, sent one after
+    another on one keep-alive connection while the engine is paused: what a
+    request costs the GIL when nothing contends for it. The least of
+    ``repeats`` runs (other load only ever adds; the clock ticks every 10 ms,
+    so a run of 2000 requests resolves about 5 us)."""
+    request = f"GET {route} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+
+    async def send_all() -> None:
+        conn = _Connection(*await asyncio.open_connection("127.0.0.1", port))
+        for _ in range(n):
+            if await conn.get(request) != 200:
+                raise SystemExit(f"GET {route} failed during the per-request measurement")
+        conn.writer.close()
+
+    best = float("inf")
+    for _ in range(repeats):
+        cpu0 = process_cpu(proc.pid)
+        asyncio.run(send_all())
+        best = min(best, (process_cpu(proc.pid) - cpu0) / n)
+    return best * 1e6
+
+
+def per_request_figures(
+    proc: subprocess.Popen[bytes], port: int, client: httpx.Client
+) -> dict[str, float]:
+    """:func:`cpu_per_request` for each of PER_REQUEST_ROUTES; the engine is
+    paused for it and resumed after."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    client.post("/v1/runtime:pause", headers=admin).raise_for_status()
+    try:
+        return {route: cpu_per_request(proc, port, route) for route in PER_REQUEST_ROUTES}
+    finally:
+        client.post("/v1/runtime:resume", headers=admin).raise_for_status()
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -354,24 +404,28 @@ def run(
     warmup: float,
     server_args: list[str],
     floor: bool = False,
-) -> list[Row]:
+) -> tuple[list[Row], dict[str, float]]:
+    """The rows per rate, then (not for the floor) :func:`per_request_figures`."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = start_server(port, server_args, floor)
     rows: list[Row] = []
+    per_request: dict[str, float] = {}
     try:
         wait_ready(base, proc)
         with httpx.Client(base_url=base, timeout=10.0) as client:
             time.sleep(warmup)
             for rate in rates:
                 rows.append(measure(proc, port, client, rate, window, cycles))
+            if not floor:
+                per_request = per_request_figures(proc, port, client)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return rows
+    return rows, per_request
 
 
 def print_table(rows: list[Row], server_args: list[str], title: bool = True) -> None:
@@ -438,13 +492,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         window, cycles, warmup = args.window, args.cycles, args.warmup
     rates = tuple(int(r) for r in args.rates.split(","))
-    rows = run(rates, window, cycles, warmup, args.server_args)
-    floor = run(rates, window, cycles, warmup, [], floor=True) if args.floor else []
+    rows, per_request = run(rates, window, cycles, warmup, args.server_args)
+    floor = run(rates, window, cycles, warmup, [], floor=True)[0] if args.floor else []
     if args.json:
-        doc = {"service": [asdict(r) for r in rows], "floor": [asdict(r) for r in floor]}
+        doc = {
+            "service": [asdict(r) for r in rows],
+            "cpu_us_per_request": per_request,
+            "floor": [asdict(r) for r in floor],
+        }
         print(json.dumps(doc, indent=2))
         return 0
     print_table(rows, args.server_args)
+    figures = ", ".join(f"{route} {us:.0f} us" for route, us in per_request.items())
+    print(f"GIL time per request, engine paused (least of 5 x 2000, one connection): {figures}")
     if floor:
         print()
         print("floor: bare ASGI app + pure-Python busy thread (steps = rounds of busy work)")
