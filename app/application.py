@@ -27,6 +27,7 @@ from opentelemetry.trace import NoOpTracer, TracerProvider
 from prometheus_client import CollectorRegistry
 
 from app.auth import require_read, uses
+from app.cached_reads import CachedReads
 from app.engine_setup import build_engine
 from app.errors import error_responses, install_error_handlers
 from app.limits import RequestLimits
@@ -126,6 +127,8 @@ def build_app(
     app.state.service = service
     app.state.engine_factory = engine_factory or build_engine
     app.state.telemetry_factory = telemetry_factory or setup_telemetry
+    # the last added is the outermost: limits first, then the cached reads
+    app.add_middleware(CachedReads)
     app.add_middleware(RequestLimits, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     routers = [module.router for module in (cache, policy, events, runtime, health)]

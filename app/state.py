@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
+from app.models import CacheView
 from app.settings import Settings
 from app.target import AdminTarget
 from kvoffload.event_log import EventLogStats
@@ -138,3 +139,24 @@ class ServiceState:
         snapshots, so the snapshot's copy of its counts may be stale."""
         log = self.target.event_log
         return self.target.snapshot(), log.stats() if log is not None else None
+
+    def cache_json(self) -> bytes:
+        """The ``/v1/cache`` body of the current view (see :class:`SnapshotCache`)."""
+        view = self.view()
+        body = self.cache_body.get(view)
+        if body is None:
+            body = CacheView.from_view(*view).model_dump_json().encode()
+            self.cache_body.put(view, body)
+        return body
+
+    def metrics_text(self) -> bytes:
+        """The ``/metrics`` exposition of the current view (see :class:`MetricsCache`).
+
+        Rendered inline: collection holds the GIL either way, a threadpool
+        hop would only add a context switch."""
+        view = self.view()
+        body = self.metrics_body.get(view)
+        if body is None:
+            body = generate_latest(self.registry)
+            self.metrics_body.put(view, body)
+        return body

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from app.auth import GuardedRoute
+from app.cached_reads import CACHE_MEDIA_TYPE
 from app.commands import apply
 from app.deps import AdminAccess, ReadAccess, ServiceDep
 from app.errors import ApiError, error_responses
@@ -24,13 +25,9 @@ router = APIRouter(prefix="/v1", tags=["cache"], route_class=GuardedRoute)
 async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
     # Handlers only read the snapshot the target published (no lock is shared
     # with the engine loop) and the event log's counts; equal views are
-    # served from one encoding.
-    view = service.view()
-    body = service.cache_body.get(view)
-    if body is None:
-        body = CacheView.from_view(*view).model_dump_json().encode()
-        service.cache_body.put(view, body)
-    return Response(body, media_type="application/json")
+    # served from one encoding. (A plain GET is usually answered before it
+    # gets here: app.cached_reads.)
+    return Response(service.cache_json(), media_type=CACHE_MEDIA_TYPE)
 
 
 @router.post(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.auth import GuardedRoute
 from app.deps import ReadAccess, ServiceDep
@@ -57,12 +57,6 @@ async def readyz(request: Request) -> Response:
 )
 async def metrics(_: ReadAccess, service: ServiceDep) -> Response:
     # Rendering costs about a millisecond of the engine's GIL time; see
-    # MetricsCache for when the last rendering is reused. Run inline:
-    # collection holds the GIL either way, a threadpool hop would only add a
-    # context switch.
-    view = service.view()
-    body = service.metrics_body.get(view)
-    if body is None:
-        body = generate_latest(service.registry)
-        service.metrics_body.put(view, body)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    # MetricsCache for when the last rendering is reused. (A plain GET is
+    # usually answered before it gets here: app.cached_reads.)
+    return Response(service.metrics_text(), media_type=CONTENT_TYPE_LATEST)

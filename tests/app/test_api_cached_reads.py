@@ -1,0 +1,77 @@
+"""``app.cached_reads``: plain GETs of /v1/cache and /metrics answered before
+the routes, exactly as the routes answer them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.application import build_app
+from app.cached_reads import CachedReads
+from app.settings import Settings
+from app.state import ServiceState
+
+
+class RoutesReached:
+    """Innermost middleware: counts the requests that get to the routes."""
+
+    count = 0
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            RoutesReached.count += 1
+        await self.app(scope, receive, send)
+
+
+def app_over(settings: Settings, service: ServiceState, cached: bool) -> TestClient:
+    app = build_app(settings, service)
+    if not cached:
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not CachedReads]
+    app.user_middleware.append(Middleware(RoutesReached))
+    return TestClient(app)
+
+
+def answer(client: TestClient, route: str, headers: dict[str, str]) -> tuple[Any, ...]:
+    before = RoutesReached.count
+    r = client.get(route, headers=headers)
+    kept = sorted((k, v) for k, v in r.headers.items() if k not in ("date", "server"))
+    return r.status_code, kept, r.content, RoutesReached.count - before
+
+
+HEADERS = {
+    "read token": READ_HEADERS,
+    "admin token": ADMIN_HEADERS,
+    "no token": {},
+    "wrong token": {"Authorization": "Bearer nope"},
+    "malformed": {"Authorization": "Basic abc"},
+}
+
+
+@pytest.mark.parametrize("reads_open", [False, True], ids=["read token set", "reads open"])
+def test_cached_reads_answer_as_the_routes_do(make_client: ClientFactory, reads_open: bool) -> None:
+    owner = make_client(read_token=None) if reads_open else make_client()
+    settings: Settings = owner.app.state.settings
+    service: ServiceState = owner.app.state.service
+    assert owner.post("/v1/runtime:pause", headers=ADMIN_HEADERS).json()["state"] == "paused"
+    fast, plain = app_over(settings, service, True), app_over(settings, service, False)
+    for route in ("/v1/cache", "/metrics"):
+        for name, headers in HEADERS.items():
+            status, kept, body, reached = answer(fast, route, headers)
+            assert (status, kept, body) == answer(plain, route, headers)[:3], (route, name)
+            assert answer(plain, route, headers)[3] == 1
+            # the cached reads answer what passes the read check; the routes
+            # answer the rest (the 401s)
+            assert reached == (status != 200), (route, name, status)
+            if not reads_open and name in ("no token", "wrong token", "malformed"):
+                assert status == 401
+        # with a query (the route refuses it), or another method: the routes
+        assert answer(fast, f"{route}?x=1", READ_HEADERS)[0] == 422
+        assert fast.head(route, headers=READ_HEADERS).status_code == 405
+    assert fast.get("/v1/cache", headers=READ_HEADERS).json()["state"] == "paused"
