@@ -77,6 +77,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define N_RESIDENT 4
@@ -166,6 +167,8 @@ typedef struct {
     Py_ssize_t pinned;
     Py_ssize_t in_flight;
     Py_ssize_t walked; /* entries evictions walked past (a statistic) */
+    /* victims evictions took, by tag: [0] from its order, [1] held (statistics) */
+    Py_ssize_t evicted[N_RESIDENT][2];
     List lists[N_LISTS];
     Aside aside[N_RESIDENT];
     /* the hint window (docs/block-table.md); all NULL / 0 while empty */
@@ -296,7 +299,7 @@ as_seq(PyObject *obj)
 /* ------------------------------------------------------------------------ */
 /* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
 
-#define MAX_ARGS 8
+#define MAX_ARGS 10
 
 /* a method's arguments: the first `nreq` required, at most `npos`
    positional, the rest keyword-only */
@@ -1210,6 +1213,7 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         t->aside[i].n = t->aside[i].ready = t->aside[i].cap = 0;
         t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
         t->held_n[i] = t->held_ready[i] = 0;
+        t->evicted[i][0] = t->evicted[i][1] = 0;
     }
     t->late = 0;
     t->early = -1;
@@ -1371,6 +1375,13 @@ BT_tags(BlockTable *t, PyObject *hashes)
     return per_hash(t, hashes, tag_value);
 }
 
+/* size(tag): in line, set aside and held */
+static inline Py_ssize_t
+tag_size(BlockTable *t, int tg)
+{
+    return t->lists[tg].size + (tg < N_RESIDENT ? t->aside[tg].n + t->held_n[tg] : 0);
+}
+
 static PyObject *
 BT_size(BlockTable *t, PyObject *tag)
 {
@@ -1379,8 +1390,7 @@ BT_size(BlockTable *t, PyObject *tag)
         return NULL;
     if (t->in_call)
         return reentered();
-    return PyLong_FromSsize_t(t->lists[tg].size +
-                              (tg < N_RESIDENT ? t->aside[tg].n + t->held_n[tg] : 0));
+    return PyLong_FromSsize_t(tag_size(t, tg));
 }
 
 static PyObject *
@@ -2691,16 +2701,92 @@ optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
     return o == NULL || o == Py_None ? 0 : parse(o, out);
 }
 
+/* evict's `target` (a number other than a bool, finite; not with `first`) */
+static int
+parse_target(PyObject *o, int with_first, double *out)
+{
+    if (with_first) {
+        PyErr_SetString(PyExc_TypeError, "evict() takes first or target, not both");
+        return -1;
+    }
+    if (!PyFloat_Check(o) && !(PyLong_Check(o) && !PyBool_Check(o))) {
+        PyErr_Format(PyExc_TypeError, "target must be a number or None, got %R", o);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(o); /* runs no Python code for a float or an int */
+    if (*out == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(*out)) {
+        PyErr_Format(PyExc_ValueError, "target must be finite, got %R", o);
+        return -1;
+    }
+    return 0;
+}
+
+/* evict's `trim`: an int >= 0 */
+static int
+parse_trim(PyObject *o, Py_ssize_t *out)
+{
+    if (!PyLong_CheckExact(o)) {
+        PyErr_Format(PyExc_TypeError, "trim must be an int or None, got %R", o);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0 || (overflow == 0 && v < 0)) {
+        PyErr_Format(PyExc_ValueError, "trim must be >= 0, got %R", o);
+        return -1;
+    }
+    *out = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)v;
+    return 0;
+}
+
+/* the ghosts trim_ghosts may drop once n victims joined ghost tags ga and
+   gb (-1: none): trash room for them */
+static Py_ssize_t
+trim_room(BlockTable *t, int ga, int gb, Py_ssize_t n, Py_ssize_t trim)
+{
+    Py_ssize_t room = 0;
+    int g[2] = {ga, gb};
+    for (int i = 0; i < 2; i++) {
+        if (g[i] < 0 || (i == 1 && gb == ga))
+            continue;
+        Py_ssize_t most = t->lists[g[i]].size + n;
+        if (most - trim > trim)
+            room += most - trim;
+    }
+    return room;
+}
+
+/* a ghost list that grew past twice `trim` loses its oldest down to
+   `trim` (trash room reserved): in batches, so that an eviction only looks
+   at the sizes, and a list that keeps growing is trimmed once every `trim`
+   victims or so */
+static void
+trim_ghosts(BlockTable *t, int ga, int gb, Py_ssize_t trim)
+{
+    int g[2] = {ga, gb};
+    for (int i = 0; i < 2; i++) {
+        if (g[i] < 0 || (i == 1 && gb == ga))
+            continue;
+        if (t->lists[g[i]].size - trim > trim)
+            (void)drop_ghosts(t, g[i], trim);
+    }
+}
+
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static Sig sig = {"evict",
-                      {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b", "spill"},
+                      {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b", "spill",
+                       "target", "trim"},
                       3,
                       3,
-                      8,
+                      10,
                       {NULL}};
-    PyObject *a[8];
+    PyObject *a[10];
     int ta, tb, ga, gb;
     if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
@@ -2738,11 +2824,23 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         if (first > n)
             first = n;
     }
+    double target = 0.0;
+    int has_target = a[8] != NULL && a[8] != Py_None;
+    if (has_target && parse_target(a[8], a[4] != NULL && a[4] != Py_None, &target) < 0)
+        return NULL;
+    Py_ssize_t trim = -1;
+    if (a[9] != NULL && a[9] != Py_None && parse_trim(a[9], &trim) < 0)
+        return NULL;
     int spill = a[7] == NULL ? 0 : PyObject_IsTrue(a[7]);
     if (spill < 0)
         return NULL;
     PyObject *prot = a[2];
     ENTER(t);
+    if (has_target) {
+        /* int(size(a) + n - target), as Python computes it (a double), in 0..n */
+        double v = (double)(tag_size(t, ta) + n) - target;
+        first = v <= 0.0 ? 0 : v >= (double)n ? n : (Py_ssize_t)v;
+    }
 
     Walks w;
     w.v = w.small;
@@ -2789,6 +2887,8 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         if (aside_reserve(t, sides[s].tag, sides[s].aside) < 0)
             goto done;
     }
+    if (trim >= 0 && trash_reserve(t, trim_room(t, ga, gb, n, trim)) < 0)
+        goto done;
     hashes = PyList_New(n);
     handles = PyList_New(n);
     na_obj = PyLong_FromSsize_t(sides[0].found);
@@ -2813,6 +2913,7 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
                 aside_add(t, ix, sides[side].tag, t->late++);
                 continue;
             }
+            t->evicted[e->tag][side == 2]++;
             /* a victim: its handle goes to the result, and its key unless
                the entry stays (a ghost, or hint-only) */
             PyList_SET_ITEM(handles, pos, e->handle);
@@ -2832,6 +2933,8 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         }
     }
     t->resident -= n;
+    if (trim >= 0)
+        trim_ghosts(t, ga, gb, trim);
     PyTuple_SET_ITEM(res, 0, hashes);
     PyTuple_SET_ITEM(res, 1, handles);
     PyTuple_SET_ITEM(res, 2, na_obj);
@@ -3231,6 +3334,22 @@ done:
 }
 
 static PyObject *
+BT_evicted(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static Sig sig = {"evicted", {"tag", "held"}, 1, 2, 2, {NULL}};
+    PyObject *a[2];
+    int tg;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0 || resident_tag(a[0], &tg) < 0)
+        return NULL;
+    int held = a[1] == NULL ? 0 : PyObject_IsTrue(a[1]);
+    if (held < 0)
+        return NULL;
+    if (t->in_call)
+        return reentered();
+    return PyLong_FromSsize_t(t->evicted[tg][held]);
+}
+
+static PyObject *
 BT_held(BlockTable *t, PyObject *tag)
 {
     int tg;
@@ -3519,8 +3638,12 @@ static PyMethodDef BT_methods[] = {
     {"touch", (PyCFunction)BT_touch, METH_O,
      "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
     {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
-     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None, spill=False)\n"
-     "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
+     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None, spill=False,\n"
+     "target=None, trim=None) -> (hashes, handles, n_a) | None: remove n entries from lists\n"
+     "a and b."},
+    {"evicted", (PyCFunction)(void (*)(void))BT_evicted, FAST,
+     "evicted(tag, held=False) -> int: victims evictions took from tag's order (held: of\n"
+     "tag's held entries)."},
     {"hint", (PyCFunction)BT_hint, METH_O,
      "hint(hashes) -> int: a hinted request joins the window; returns its ticket."},
     {"unhint", (PyCFunction)BT_unhint, METH_O,
