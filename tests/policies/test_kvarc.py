@@ -144,3 +144,21 @@ def test_kvarc_block_passed_while_pinned_keeps_its_place() -> None:
     p.table.unpin([_h(3)])
     assert list(p.t1) == _hs(3, 2, 1)
     assert _evict(p, 1) == _hs(3)
+
+
+def test_kvarc_reports_the_tables_eviction_counts_since_it_started() -> None:
+    # the table counts the victims by list (no counting in Python): a policy
+    # reports those since it was made, and counts assigned run on from there
+    p = _policy(4)
+    _store(p, 1, 2, 3)  # T1: 3 (the cold tail), 2, 1
+    p.table.touch(_hs(1))  # 1 used again: T2
+    assert _evict(p, 2) == _hs(3, 2)  # int(2 + 2 - target 2.0): both from T1
+    assert p.evictions == {"t1": 2, "t2": 0}
+    p.target_t1_size = 4.0
+    _store(p, 5)
+    assert _evict(p, 1) == _hs(1)  # T1 is within its target: T2 first
+    assert p.evictions == {"t1": 2, "t2": 1}
+    later = KVARCPolicy(4, p.table)  # a policy switched to later starts at zero
+    assert later.evictions == {"t1": 0, "t2": 0} and p.table.evicted(0) == 2
+    p.evictions = {"t1": 10, "t2": 0}
+    assert _evict(p, 1) == _hs(5) and p.evictions == {"t1": 11, "t2": 0}
