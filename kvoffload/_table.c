@@ -3177,6 +3177,33 @@ done:
 
 #define SMALL_TICKET 64
 
+/* kvoffload.errors.UnknownTicketError, imported when first needed */
+static PyObject *unknown_ticket_type;
+
+/* the manager's error for a ticket not in the window (message as
+   kvoffload.table's): the manager hands unhint straight to the table */
+static void
+raise_unknown_ticket(PyObject *ticket)
+{
+    if (unknown_ticket_type == NULL) {
+        PyObject *mod = PyImport_ImportModule("kvoffload.errors");
+        if (mod == NULL)
+            return;
+        unknown_ticket_type = PyObject_GetAttrString(mod, "UnknownTicketError");
+        Py_DECREF(mod);
+        if (unknown_ticket_type == NULL)
+            return;
+    }
+    PyObject *msg = PyUnicode_FromFormat(
+        "hint ticket %R is not in the window: it was never returned by this manager's hint(), "
+        "or was already unhinted",
+        ticket);
+    if (msg != NULL) {
+        PyErr_SetObject(unknown_ticket_type, msg);
+        Py_DECREF(msg);
+    }
+}
+
 /* free the entries on list STALE (trash room reserved) */
 static void
 stale_flush(BlockTable *t)
@@ -3202,7 +3229,7 @@ BT_unhint(BlockTable *t, PyObject *ticket)
             tk = -1;
     }
     if (tk < t->tbase || tk >= t->tnext || t->ring[tk & (t->rcap - 1)].n < 0) {
-        raise_key(PyExc_KeyError, ticket);
+        raise_unknown_ticket(ticket);
         return NULL;
     }
     ENTER(t);

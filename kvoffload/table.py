@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.abstract import BlockHash
+from kvoffload.errors import UnknownTicketError
 
 #: resident tags are 0..3, ghost tags 4..7
 RESIDENT_TAGS = 4
@@ -391,7 +392,10 @@ class PyBlockTable:
 
     def unhint(self, ticket: int, /) -> None:
         if type(ticket) is not int or ticket not in self._tickets:
-            raise KeyError(ticket)
+            raise UnknownTicketError(
+                f"hint ticket {ticket!r} is not in the window: it was never returned by this "
+                "manager's hint(), or was already unhinted"
+            )
         hashes = self._tickets.pop(ticket)
         self.window_found += self.lookup(hashes)
         uses, tags = self._uses, self._tag
