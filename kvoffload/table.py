@@ -331,8 +331,13 @@ class PyBlockTable:
         if len(heap) > 2 * sum(self._held_ready) + 32:  # mostly stale pairs: rebuild
             refs, uses = self._refs, self._uses
             queued.clear()
+            # (an unhint calls this midway: a held entry whose last use it
+            # took has none left, and is released later in that call)
             queued.update(
-                (k, uses[k][0]) for held in self._held for k in held if not refs.get(k, 0)
+                (k, uses[k][0])
+                for held in self._held
+                for k in held
+                if not refs.get(k, 0) and uses[k]
             )
             queued.pop(h, None)
             heap[:] = [(-key_, k) for k, key_ in queued.items()]

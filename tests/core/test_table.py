@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import random
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
@@ -783,6 +784,42 @@ def test_hint_order_holds_hinted_entries_by_next_use(impl: Any) -> None:
     t.forget_policy()  # hint order off: held entries back in line
     assert t.held(0) == 0 and t.held(2) == 0 and t.keys(0) == [b"k4", b"k2"]
     assert t.size(5) == 0 and t.next_uses([b"k1"]) == [-1]
+
+
+def test_held_entries_leave_farthest_first_however_long_unread() -> None:
+    """Many held entries, changed by hints and unhints in long stretches
+    unread and in short ones: both tables agree on every spill and every
+    ``farthest`` (the reference once failed here: an unhint that rebuilt
+    its heap midway met an entry whose last use it had just taken)."""
+    rng = random.Random(7)
+    tables = [CBlockTable(), PyBlockTable()]
+    keys = [b"k%d" % i for i in range(300)]
+    for t in tables:
+        t.insert(keys, list(range(300)), 0)
+        t.complete(keys)
+        t.set_hint_order(True)
+    tickets: list[int] = []
+    for step in range(400):
+        hashes = rng.sample(keys, rng.randint(1, 12))
+        if tickets and rng.random() < 0.45:
+            ticket = tickets.pop(rng.randrange(len(tickets)) if rng.random() < 0.2 else 0)
+            got = [t.unhint(ticket) for t in tables]
+        else:
+            got = [t.hint(hashes) for t in tables]
+            tickets.append(got[0])
+        if step % rng.choice([1, 3, 40, 150]) == 0:  # read in order, now and then
+            pins = rng.sample(keys, 3)
+            got += [t.farthest(set(pins)) for t in tables]
+            n = rng.randint(1, 4)
+            out = [t.evict(0, n, set(pins), ghost_a=4, spill=True) for t in tables]
+            assert out[0] == out[1]
+            victims = out[0][0] if out[0] is not None else []
+            for t in tables:
+                t.insert(victims, list(range(len(victims))), 0)  # back, in flight
+                t.complete(victims[1:])
+        assert got[0::2] == got[1::2]
+        assert tables[0].keys(0) == tables[1].keys(0)
+        tables[0]._check()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
