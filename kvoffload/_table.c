@@ -41,7 +41,11 @@
  * are *held*: records of the table's `held` array, kept like the entries
  * set aside (ready ones in a heap, busy ones after it) with minus the key
  * of their next use as stamp, so the farthest next use comes first; an
- * entry's place (in line, set aside, held) is `Entry.place`.
+ * entry's place (in line, set aside, held) is `Entry.place`. Held entries
+ * come and go with every hint and unhint (each new one the farthest, the
+ * heap's new top), and are read in order only by a spill or `farthest`:
+ * so their heap is made only when it is read, and kept for as many sifts
+ * as it has records (which pays for making it), then let go again.
  *
  * The index is an open-addressing hash table of int32 entry numbers (-1:
  * empty), a power of two in size, linear probing from a Fibonacci hash of
@@ -134,6 +138,8 @@ typedef struct {
     int32_t n;
     int32_t ready;
     int32_t cap;
+    int32_t keep;  /* sifts left in heap order: -1 always (set aside); held: */
+                   /* 0 while [0, ready) is in no order (held_order makes it) */
 } Aside;
 
 /* one use of a hash by a hinted request: on the circular, doubly linked
@@ -613,9 +619,22 @@ rec_put(BlockTable *t, Aside *A, int32_t pos, Rec r)
     t->entries[r.ix].prev = pos;
 }
 
+/* whether A's ready records are kept in heap order (one sift more) */
+static inline int
+heap_kept(Aside *A)
+{
+    if (A->keep == 0)
+        return 0;
+    if (A->keep > 0)
+        A->keep--;
+    return 1;
+}
+
 static void
 heap_up(BlockTable *t, Aside *A, int32_t pos)
 {
+    if (!heap_kept(A))
+        return; /* the record stays where it was put */
     Rec r = A->v[pos];
     while (pos > 0) {
         int32_t parent = (pos - 1) / 2;
@@ -630,6 +649,8 @@ heap_up(BlockTable *t, Aside *A, int32_t pos)
 static void
 heap_down(BlockTable *t, Aside *A, int32_t pos)
 {
+    if (!heap_kept(A))
+        return;
     Rec r = A->v[pos];
     for (;;) {
         int32_t c = 2 * pos + 1;
@@ -820,6 +841,20 @@ held_retag(BlockTable *t, int32_t ix, int tag)
         t->held_ready[tag]++;
     }
     e->tag = (uint8_t)tag;
+}
+
+/* the held records in heap order, to be read in order (see the top): made
+   if they are in none, then kept for as many sifts as there are records */
+static void
+held_order(BlockTable *t)
+{
+    Aside *A = &t->held;
+    if (A->keep != 0)
+        return;
+    A->keep = -1;
+    for (int32_t pos = A->ready / 2 - 1; pos >= 0; pos--)
+        heap_down(t, A, pos);
+    A->keep = A->ready > MIN_ASIDE ? A->ready : MIN_ASIDE;
 }
 
 /* the next use of the held entry ix may have moved on: its place follows */
@@ -1206,11 +1241,12 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->window_requests = t->window_uses = t->window_keys = t->window_resident = 0;
     t->holds = t->window_found = 0;
     t->held.v = NULL;
-    t->held.n = t->held.ready = t->held.cap = 0;
+    t->held.n = t->held.ready = t->held.cap = t->held.keep = 0;
     t->hold = 0;
     for (int i = 0; i < N_RESIDENT; i++) {
         t->aside[i].v = NULL;
         t->aside[i].n = t->aside[i].ready = t->aside[i].cap = 0;
+        t->aside[i].keep = -1;
         t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
         t->held_n[i] = t->held_ready[i] = 0;
         t->evicted[i][0] = t->evicted[i][1] = 0;
@@ -2877,8 +2913,11 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         goto done;
     if (walk_list(t, &sides[0], 0, n, &found, &w, prot, pmode) < 0)
         goto done;
-    if (spill && found < n && walk_held(t, &sides[2], ta, tb, n, &found, &w, prot, pmode) < 0)
-        goto done;
+    if (spill && found < n) {
+        held_order(t);
+        if (walk_held(t, &sides[2], ta, tb, n, &found, &w, prot, pmode) < 0)
+            goto done;
+    }
     if (found < n) {
         res = Py_NewRef(Py_None);
         goto done;
@@ -3333,6 +3372,7 @@ static PyObject *
 BT_farthest(BlockTable *t, PyObject *prot)
 {
     ENTER(t);
+    held_order(t);
     Side s;
     side_init_held(t, &s);
     int pmode = protection_mode(prot);
@@ -3483,6 +3523,7 @@ check_table(BlockTable *t)
         Aside *A = is_held ? &t->held : &t->aside[tag];
         CHECK(0 <= A->ready && A->ready <= A->n && A->n <= A->cap, "tag %d: aside sizes", tag);
         CHECK(!is_held || t->hold || A->n == 0, "entries held with hint order off");
+        CHECK(is_held ? A->keep >= 0 : A->keep == -1, "tag %d: keep %d", tag, (int)A->keep);
         for (int32_t i = 0; i < A->n; i++) {
             int32_t ix = A->v[i].ix;
             CHECK(ix >= 0 && ix < t->top && E[ix].key != NULL, "tag %d: record %d", tag, (int)i);
@@ -3493,7 +3534,8 @@ check_table(BlockTable *t)
             CHECK(e->handle != NULL, "entry %d set aside without a handle", (int)ix);
             CHECK((i < A->ready) == (e->ref == 0), "tag %d: entry %d ref %d at %d of %d", tag,
                   (int)ix, (int)e->ref, (int)i, (int)A->ready);
-            CHECK(i == 0 || i >= A->ready || A->v[(i - 1) / 2].stamp < A->v[i].stamp,
+            CHECK(i == 0 || i >= A->ready || A->keep == 0 ||
+                      A->v[(i - 1) / 2].stamp < A->v[i].stamp,
                   "tag %d: heap order broken at %d", tag, (int)i);
             if (is_held) {
                 CHECK(qhead_of(t, ix) >= 0 && A->v[i].stamp == held_stamp(t, ix),

@@ -788,7 +788,8 @@ def test_hint_order_holds_hinted_entries_by_next_use(impl: Any) -> None:
 
 def test_held_entries_leave_farthest_first_however_long_unread() -> None:
     """Many held entries, changed by hints and unhints in long stretches
-    unread and in short ones: both tables agree on every spill and every
+    unread and in short ones (the C table orders them only when a spill or
+    ``farthest`` reads them): both tables agree on every spill and every
     ``farthest`` (the reference once failed here: an unhint that rebuilt
     its heap midway met an entry whose last use it had just taken)."""
     rng = random.Random(7)
