@@ -3088,6 +3088,10 @@ window_shrink(BlockTable *t)
     }
 }
 
+/* the set of hint's first positions of keys without an entry (a power of
+   two; calls of up to half as many keys use it) */
+#define HINT_FIRSTS 128
+
 static PyObject *
 BT_hint(BlockTable *t, PyObject *hashes)
 {
@@ -3108,19 +3112,19 @@ BT_hint(BlockTable *t, PyObject *hashes)
         goto done;
     Py_ssize_t n = b.n, fresh = 0, newly = 0;
     /* phase 1: find every key; a key without an entry gets a hint-only one,
-       made once for all its positions (item.tag: the first of them) */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (item_find(t, &b.v[i]) < 0)
-            goto done;
-        b.v[i].tag = (int32_t)i;
-    }
-    Py_ssize_t lacking = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        lacking += b.v[i].ix < 0;
-    if (lacking > 8 && dupset_init(&dup, lacking) < 0)
+       made once for all its positions (item.tag: the first of them). Most
+       of a request W ahead has none, so the first positions of those are
+       kept in a set by hash as the keys are found: a small one on the stack
+       (a few instructions a key), a DupSet for a long call */
+    int16_t firsts[HINT_FIRSTS];
+    int firsts_init = 0;
+    if (n > HINT_FIRSTS / 2 && dupset_init(&dup, n) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         Item *it = &b.v[i];
+        if (item_find(t, it) < 0)
+            goto done;
+        it->tag = (int32_t)i;
         if (it->ix >= 0) {
             /* an entry newly hinted (counted once: its queue is empty) */
             newly += qhead_of(t, it->ix) < 0 && t->entries[it->ix].tag < N_RESIDENT;
@@ -3132,12 +3136,20 @@ BT_hint(BlockTable *t, PyObject *hashes)
             r = dupset_add(&dup, b.v, (int32_t)i, &first);
         }
         else {
-            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
-                if (b.v[j].ix < 0 && b.v[j].hash == it->hash && b.v[j].tag == j) {
-                    r = keys_equal(b.v[j].key, it->key);
-                    first = (int32_t)j;
+            if (!firsts_init) {
+                memset(firsts, 0xff, sizeof firsts);
+                firsts_init = 1;
+            }
+            size_t k = (size_t)it->hash & (HINT_FIRSTS - 1);
+            for (; firsts[k] >= 0; k = (k + 1) & (HINT_FIRSTS - 1)) {
+                int32_t j = firsts[k];
+                if (b.v[j].hash == it->hash && (r = keys_equal(b.v[j].key, it->key)) != 0) {
+                    first = j;
+                    break;
                 }
             }
+            if (r == 0)
+                firsts[k] = (int16_t)i;
         }
         if (r < 0)
             goto done;

@@ -845,6 +845,28 @@ def test_unhint_rejoins_last_to_first_and_held_entries_follow_pins(impl: Any) ->
 
 
 @pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])
+@pytest.mark.parametrize("n", [3, 40, 64, 65, 500])
+def test_hint_makes_one_entry_per_new_key_in_any_call(n: int, make_key: Any) -> None:
+    """A key without an entry named several times in one hint gets one
+    hint-only entry with one use per position, in short calls and long ones
+    (the C table finds those repeats in a set of its own up to 64 keys), as
+    the reference does; a resident key and a repeated one in between."""
+    tables = [CBlockTable(), PyBlockTable()]
+    for t in tables:
+        t.insert([make_key(0)], [0], 0)
+    fresh = list(range(1, n))
+    call = [make_key(i) for i in fresh + fresh[::3] + [0] + fresh[:: max(1, n // 7)]]
+    assert [t.hint(list(call)) for t in tables] == [1, 1]
+    keys = [make_key(i) for i in range(n + 1)]
+    assert state(tables[0], keys) == state(tables[1], keys)
+    assert tables[0].window_keys == n and tables[0].window_uses == len(call)
+    tables[0]._check()
+    for t in tables:
+        t.unhint(1)
+    assert state(tables[0], keys) == state(tables[1], keys)
+
+
+@pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])
 @pytest.mark.parametrize("n", [3, 9, 40, 500])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_insert_finds_duplicates_in_long_calls(impl: Any, n: int, make_key: Any) -> None:
