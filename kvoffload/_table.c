@@ -32,12 +32,15 @@
  * key, whose first node is `qhead[entry]` (a parallel array, allocated
  * while the window holds a use). So `unhint` finds every use through its
  * ticket without hashing, and removes each in O(1) in any order. A hinted
- * hash without another entry has a *hint-only* entry on list HINT_ONLY,
- * which no other method sees. When its last use leaves, the entry moves to
- * list STALE, as invisible and no longer hinted, and is freed at the next
- * `unhint` (or when the window empties): the request that just left is
- * usually served next, and its store makes the entry resident instead of
- * freeing it and making a new one. With hint order on, hinted resident entries
+ * hash without another entry has a *hint-only* entry (tag HINT_ONLY), which
+ * no other method sees, on no list: the window reaches it through its uses
+ * (most of a request hinted far ahead is such entries, made by one hint
+ * and filed by one store, so keeping them on a list cost two moves each),
+ * and tbl_compact and _check find them in the entry array. When its last
+ * use leaves, the entry joins list STALE, as invisible and no longer
+ * hinted, and is freed at the next `unhint` (or when the window empties):
+ * the request that just left is usually served next, and its store makes
+ * the entry resident instead of freeing it and making a new one. With hint order on, hinted resident entries
  * are *held*: records of the table's `held` array, kept like the entries
  * set aside (ready ones in a heap, busy ones after it) with minus the key
  * of their next use as stamp, so the farthest next use comes first; an
@@ -87,7 +90,7 @@
 #define N_RESIDENT 4
 #define N_TAGS 8
 /* the list of hint-only entries: hinted hashes with no other entry */
-#define HINT_ONLY N_TAGS
+#define HINT_ONLY N_TAGS /* on no list (its List stays empty) */
 /* entries that were hint-only until the last unhint (freed at the next) */
 #define STALE (N_TAGS + 1)
 #define N_LISTS (N_TAGS + 2)
@@ -609,6 +612,16 @@ list_append(BlockTable *t, int32_t ix, int L)
     l->size++;
 }
 
+/* entry ix (unlinked, or new) becomes hint-only: on no list */
+static inline void
+hint_only(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    e->tag = HINT_ONLY;
+    e->place = IN_LINE;
+    e->prev = e->next = -1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* entries set aside                                                        */
 
@@ -959,6 +972,12 @@ tbl_compact(BlockTable *t, int32_t newcap)
             A->v[i].ix = k++;
         }
     }
+    for (int32_t ix = 0; ix < t->top && k < t->used; ix++) { /* on no list */
+        if (E[ix].key != NULL && E[ix].tag == HINT_ONLY) {
+            ne[k] = E[ix];
+            compact_uses(t, nq, ix, k++);
+        }
+    }
     if (nq != NULL) {
         for (int32_t i = k; i < newcap; i++)
             nq[i] = -1;
@@ -1052,7 +1071,7 @@ entry_forget(BlockTable *t, int32_t ix)
     e->handle = NULL;
     e->ref = 0;
     if (qhead_of(t, ix) >= 0) {
-        list_append(t, ix, HINT_ONLY);
+        hint_only(t, ix);
         return;
     }
     index_del(t, ix);
@@ -1738,8 +1757,9 @@ insert_commit(BlockTable *t, Items *b, Py_ssize_t ghosts)
         int32_t ix = it->ix;
         Entry *e;
         if (ix >= 0) { /* a ghost (or a hint-only entry) becomes the new entry */
-            list_unlink(t, ix);
             e = &t->entries[ix];
+            if (e->tag != HINT_ONLY)
+                list_unlink(t, ix);
             trash_push(t, e->key);
             e->key = Py_NewRef(it->key);
         }
@@ -2961,7 +2981,10 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
             t->window_resident -= hinted;
             if (g >= 0 || hinted) {
                 PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
-                list_append(t, ix, g >= 0 ? g : HINT_ONLY);
+                if (g >= 0)
+                    list_append(t, ix, g);
+                else
+                    hint_only(t, ix);
             }
             else {
                 PyList_SET_ITEM(hashes, pos, e->key);
@@ -3185,7 +3208,7 @@ BT_hint(BlockTable *t, PyObject *hashes)
             e->handle = NULL;
             e->ref = 0;
             index_put(t, ix);
-            list_append(t, ix, HINT_ONLY);
+            hint_only(t, ix);
         }
         int32_t node = node_alloc(t);
         Node *nd = &N[node];
@@ -3215,7 +3238,7 @@ BT_hint(BlockTable *t, PyObject *hashes)
         }
         else if (t->entries[ix].tag == STALE) { /* hinted again before it went */
             list_unlink(t, ix);
-            list_append(t, ix, HINT_ONLY);
+            hint_only(t, ix);
         }
     }
     t->window_uses += n;
@@ -3345,7 +3368,6 @@ BT_unhint(BlockTable *t, PyObject *ticket)
                 held_release(t, ix);
         }
         else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
-            list_unlink(t, ix);
             list_append(t, ix, STALE);
         }
     }
@@ -3507,8 +3529,7 @@ check_table(BlockTable *t)
             CHECK(e->prev == prev, "list %d: entry %d has a wrong prev", L, (int)ix);
             CHECK(e->tag == L && e->place == IN_LINE, "list %d: entry %d has tag %d, place %d",
                   L, (int)ix, e->tag, e->place);
-            CHECK(L != HINT_ONLY || qhead_of(t, ix) >= 0, "hint-only entry %d has no use",
-                  (int)ix);
+            CHECK(L != HINT_ONLY, "hint-only entry %d on a list", (int)ix);
             CHECK(L != STALE || (qhead_of(t, ix) < 0 && t->window_requests > 0),
                   "stale entry %d is hinted, or outlived the window", (int)ix);
             if (L < N_RESIDENT) {
@@ -3527,6 +3548,16 @@ check_table(BlockTable *t)
         CHECK(prev == l->tail, "list %d: wrong tail", L);
         CHECK(count == l->size, "list %d: size %zd, %zd entries", L, l->size, count);
         seen += count;
+    }
+    /* the hint-only entries, on no list */
+    for (int32_t ix = 0; ix < t->top; ix++) {
+        Entry *e = &E[ix];
+        if (e->key == NULL || e->tag != HINT_ONLY)
+            continue;
+        CHECK(qhead_of(t, ix) >= 0, "hint-only entry %d has no use", (int)ix);
+        CHECK(e->handle == NULL && e->place == IN_LINE, "hint-only entry %d has a handle or a place",
+              (int)ix);
+        seen++;
     }
     /* the records: set aside in each resident tag (tag 0..3), held (4) */
     Py_ssize_t held_n[N_RESIDENT] = {0}, held_ready[N_RESIDENT] = {0};
