@@ -3351,7 +3351,9 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         nd->prev = -1;
     }
     /* last to first: held entries that rejoin their lists end with the first
-       hash most recent, as a touch leaves them */
+       hash most recent, as a touch leaves them. Each use is freed on the
+       way, so the next hint takes them first to last (its chain then runs
+       the way this one did through the pool) */
     for (k = n - 1; k >= 0; k--) {
         Node *nd = &N[order[k]];
         int32_t ix = nd->ix;
@@ -3359,20 +3361,19 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         if (nd->prev != -2) {
             if (e->place == HELD && e->tag < N_RESIDENT)
                 held_restamp(t, ix); /* its next use may have moved on */
-            continue;
         }
-        t->window_keys--;
-        if (e->tag < N_RESIDENT) {
-            t->window_resident--;
-            if (e->place == HELD)
-                held_release(t, ix);
+        else {
+            t->window_keys--;
+            if (e->tag < N_RESIDENT) {
+                t->window_resident--;
+                if (e->place == HELD)
+                    held_release(t, ix);
+            }
+            else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
+                list_append(t, ix, STALE);
+            }
         }
-        else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
-            list_append(t, ix, STALE);
-        }
-    }
-    for (k = 0; k < n; k++) {
-        N[order[k]].next = t->nfree;
+        nd->next = t->nfree;
         t->nfree = order[k];
     }
     if (order != small)
