@@ -32,16 +32,23 @@
  * key, whose first node is `qhead[entry]` (a parallel array, allocated
  * while the window holds a use). So `unhint` finds every use through its
  * ticket without hashing, and removes each in O(1) in any order. A hinted
- * hash without another entry has a *hint-only* entry on list HINT_ONLY,
- * which no other method sees. When its last use leaves, the entry moves to
- * list STALE, as invisible and no longer hinted, and is freed at the next
- * `unhint` (or when the window empties): the request that just left is
- * usually served next, and its store makes the entry resident instead of
- * freeing it and making a new one. With hint order on, hinted resident entries
+ * hash without another entry has a *hint-only* entry (tag HINT_ONLY), which
+ * no other method sees, on no list: the window reaches it through its uses
+ * (most of a request hinted far ahead is such entries, made by one hint
+ * and filed by one store, so keeping them on a list cost two moves each),
+ * and tbl_compact and _check find them in the entry array. When its last
+ * use leaves, the entry joins list STALE, as invisible and no longer
+ * hinted, and is freed at the next `unhint` (or when the window empties):
+ * the request that just left is usually served next, and its store makes
+ * the entry resident instead of freeing it and making a new one. With hint order on, hinted resident entries
  * are *held*: records of the table's `held` array, kept like the entries
  * set aside (ready ones in a heap, busy ones after it) with minus the key
  * of their next use as stamp, so the farthest next use comes first; an
- * entry's place (in line, set aside, held) is `Entry.place`.
+ * entry's place (in line, set aside, held) is `Entry.place`. Held entries
+ * come and go with every hint and unhint (each new one the farthest, the
+ * heap's new top), and are read in order only by a spill or `farthest`:
+ * so their heap is made only when it is read, and kept for as many sifts
+ * as it has records (which pays for making it), then let go again.
  *
  * The index is an open-addressing hash table of int32 entry numbers (-1:
  * empty), a power of two in size, linear probing from a Fibonacci hash of
@@ -77,12 +84,13 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #define N_RESIDENT 4
 #define N_TAGS 8
 /* the list of hint-only entries: hinted hashes with no other entry */
-#define HINT_ONLY N_TAGS
+#define HINT_ONLY N_TAGS /* on no list (its List stays empty) */
 /* entries that were hint-only until the last unhint (freed at the next) */
 #define STALE (N_TAGS + 1)
 #define N_LISTS (N_TAGS + 2)
@@ -133,6 +141,8 @@ typedef struct {
     int32_t n;
     int32_t ready;
     int32_t cap;
+    int32_t keep;  /* sifts left in heap order: -1 always (set aside); held: */
+                   /* 0 while [0, ready) is in no order (held_order makes it) */
 } Aside;
 
 /* one use of a hash by a hinted request: on the circular, doubly linked
@@ -166,6 +176,8 @@ typedef struct {
     Py_ssize_t pinned;
     Py_ssize_t in_flight;
     Py_ssize_t walked; /* entries evictions walked past (a statistic) */
+    /* victims evictions took, by tag: [0] from its order, [1] held (statistics) */
+    Py_ssize_t evicted[N_RESIDENT][2];
     List lists[N_LISTS];
     Aside aside[N_RESIDENT];
     /* the hint window (docs/block-table.md); all NULL / 0 while empty */
@@ -296,7 +308,7 @@ as_seq(PyObject *obj)
 /* ------------------------------------------------------------------------ */
 /* argument parsing for METH_FASTCALL | METH_KEYWORDS                       */
 
-#define MAX_ARGS 8
+#define MAX_ARGS 10
 
 /* a method's arguments: the first `nreq` required, at most `npos`
    positional, the rest keyword-only */
@@ -600,6 +612,16 @@ list_append(BlockTable *t, int32_t ix, int L)
     l->size++;
 }
 
+/* entry ix (unlinked, or new) becomes hint-only: on no list */
+static inline void
+hint_only(BlockTable *t, int32_t ix)
+{
+    Entry *e = &t->entries[ix];
+    e->tag = HINT_ONLY;
+    e->place = IN_LINE;
+    e->prev = e->next = -1;
+}
+
 /* ------------------------------------------------------------------------ */
 /* entries set aside                                                        */
 
@@ -610,9 +632,22 @@ rec_put(BlockTable *t, Aside *A, int32_t pos, Rec r)
     t->entries[r.ix].prev = pos;
 }
 
+/* whether A's ready records are kept in heap order (one sift more) */
+static inline int
+heap_kept(Aside *A)
+{
+    if (A->keep == 0)
+        return 0;
+    if (A->keep > 0)
+        A->keep--;
+    return 1;
+}
+
 static void
 heap_up(BlockTable *t, Aside *A, int32_t pos)
 {
+    if (!heap_kept(A))
+        return; /* the record stays where it was put */
     Rec r = A->v[pos];
     while (pos > 0) {
         int32_t parent = (pos - 1) / 2;
@@ -627,6 +662,8 @@ heap_up(BlockTable *t, Aside *A, int32_t pos)
 static void
 heap_down(BlockTable *t, Aside *A, int32_t pos)
 {
+    if (!heap_kept(A))
+        return;
     Rec r = A->v[pos];
     for (;;) {
         int32_t c = 2 * pos + 1;
@@ -819,6 +856,20 @@ held_retag(BlockTable *t, int32_t ix, int tag)
     e->tag = (uint8_t)tag;
 }
 
+/* the held records in heap order, to be read in order (see the top): made
+   if they are in none, then kept for as many sifts as there are records */
+static void
+held_order(BlockTable *t)
+{
+    Aside *A = &t->held;
+    if (A->keep != 0)
+        return;
+    A->keep = -1;
+    for (int32_t pos = A->ready / 2 - 1; pos >= 0; pos--)
+        heap_down(t, A, pos);
+    A->keep = A->ready > MIN_ASIDE ? A->ready : MIN_ASIDE;
+}
+
 /* the next use of the held entry ix may have moved on: its place follows */
 static void
 held_restamp(BlockTable *t, int32_t ix)
@@ -921,6 +972,12 @@ tbl_compact(BlockTable *t, int32_t newcap)
             A->v[i].ix = k++;
         }
     }
+    for (int32_t ix = 0; ix < t->top && k < t->used; ix++) { /* on no list */
+        if (E[ix].key != NULL && E[ix].tag == HINT_ONLY) {
+            ne[k] = E[ix];
+            compact_uses(t, nq, ix, k++);
+        }
+    }
     if (nq != NULL) {
         for (int32_t i = k; i < newcap; i++)
             nq[i] = -1;
@@ -1014,7 +1071,7 @@ entry_forget(BlockTable *t, int32_t ix)
     e->handle = NULL;
     e->ref = 0;
     if (qhead_of(t, ix) >= 0) {
-        list_append(t, ix, HINT_ONLY);
+        hint_only(t, ix);
         return;
     }
     index_del(t, ix);
@@ -1203,13 +1260,15 @@ BT_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     t->window_requests = t->window_uses = t->window_keys = t->window_resident = 0;
     t->holds = t->window_found = 0;
     t->held.v = NULL;
-    t->held.n = t->held.ready = t->held.cap = 0;
+    t->held.n = t->held.ready = t->held.cap = t->held.keep = 0;
     t->hold = 0;
     for (int i = 0; i < N_RESIDENT; i++) {
         t->aside[i].v = NULL;
         t->aside[i].n = t->aside[i].ready = t->aside[i].cap = 0;
+        t->aside[i].keep = -1;
         t->ready_to[i] = t->in_flight_to[i] = (int8_t)i;
         t->held_n[i] = t->held_ready[i] = 0;
+        t->evicted[i][0] = t->evicted[i][1] = 0;
     }
     t->late = 0;
     t->early = -1;
@@ -1371,6 +1430,13 @@ BT_tags(BlockTable *t, PyObject *hashes)
     return per_hash(t, hashes, tag_value);
 }
 
+/* size(tag): in line, set aside and held */
+static inline Py_ssize_t
+tag_size(BlockTable *t, int tg)
+{
+    return t->lists[tg].size + (tg < N_RESIDENT ? t->aside[tg].n + t->held_n[tg] : 0);
+}
+
 static PyObject *
 BT_size(BlockTable *t, PyObject *tag)
 {
@@ -1379,8 +1445,7 @@ BT_size(BlockTable *t, PyObject *tag)
         return NULL;
     if (t->in_call)
         return reentered();
-    return PyLong_FromSsize_t(t->lists[tg].size +
-                              (tg < N_RESIDENT ? t->aside[tg].n + t->held_n[tg] : 0));
+    return PyLong_FromSsize_t(tag_size(t, tg));
 }
 
 static PyObject *
@@ -1692,8 +1757,9 @@ insert_commit(BlockTable *t, Items *b, Py_ssize_t ghosts)
         int32_t ix = it->ix;
         Entry *e;
         if (ix >= 0) { /* a ghost (or a hint-only entry) becomes the new entry */
-            list_unlink(t, ix);
             e = &t->entries[ix];
+            if (e->tag != HINT_ONLY)
+                list_unlink(t, ix);
             trash_push(t, e->key);
             e->key = Py_NewRef(it->key);
         }
@@ -2691,16 +2757,92 @@ optional_tag(PyObject *o, int (*parse)(PyObject *, int *), int *out)
     return o == NULL || o == Py_None ? 0 : parse(o, out);
 }
 
+/* evict's `target` (a number other than a bool, finite; not with `first`) */
+static int
+parse_target(PyObject *o, int with_first, double *out)
+{
+    if (with_first) {
+        PyErr_SetString(PyExc_TypeError, "evict() takes first or target, not both");
+        return -1;
+    }
+    if (!PyFloat_Check(o) && !(PyLong_Check(o) && !PyBool_Check(o))) {
+        PyErr_Format(PyExc_TypeError, "target must be a number or None, got %R", o);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(o); /* runs no Python code for a float or an int */
+    if (*out == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(*out)) {
+        PyErr_Format(PyExc_ValueError, "target must be finite, got %R", o);
+        return -1;
+    }
+    return 0;
+}
+
+/* evict's `trim`: an int >= 0 */
+static int
+parse_trim(PyObject *o, Py_ssize_t *out)
+{
+    if (!PyLong_CheckExact(o)) {
+        PyErr_Format(PyExc_TypeError, "trim must be an int or None, got %R", o);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0 || (overflow == 0 && v < 0)) {
+        PyErr_Format(PyExc_ValueError, "trim must be >= 0, got %R", o);
+        return -1;
+    }
+    *out = overflow > 0 || v > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)v;
+    return 0;
+}
+
+/* the ghosts trim_ghosts may drop once n victims joined ghost tags ga and
+   gb (-1: none): trash room for them */
+static Py_ssize_t
+trim_room(BlockTable *t, int ga, int gb, Py_ssize_t n, Py_ssize_t trim)
+{
+    Py_ssize_t room = 0;
+    int g[2] = {ga, gb};
+    for (int i = 0; i < 2; i++) {
+        if (g[i] < 0 || (i == 1 && gb == ga))
+            continue;
+        Py_ssize_t most = t->lists[g[i]].size + n;
+        if (most - trim > trim)
+            room += most - trim;
+    }
+    return room;
+}
+
+/* a ghost list that grew past twice `trim` loses its oldest down to
+   `trim` (trash room reserved): in batches, so that an eviction only looks
+   at the sizes, and a list that keeps growing is trimmed once every `trim`
+   victims or so */
+static void
+trim_ghosts(BlockTable *t, int ga, int gb, Py_ssize_t trim)
+{
+    int g[2] = {ga, gb};
+    for (int i = 0; i < 2; i++) {
+        if (g[i] < 0 || (i == 1 && gb == ga))
+            continue;
+        if (t->lists[g[i]].size - trim > trim)
+            (void)drop_ghosts(t, g[i], trim);
+    }
+}
+
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static Sig sig = {"evict",
-                      {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b", "spill"},
+                      {"a", "n", "protected", "b", "first", "ghost_a", "ghost_b", "spill",
+                       "target", "trim"},
                       3,
                       3,
-                      8,
+                      10,
                       {NULL}};
-    PyObject *a[8];
+    PyObject *a[10];
     int ta, tb, ga, gb;
     if (parse_args(&sig, args, nargs, kwnames, a) < 0)
         return NULL;
@@ -2738,11 +2880,23 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         if (first > n)
             first = n;
     }
+    double target = 0.0;
+    int has_target = a[8] != NULL && a[8] != Py_None;
+    if (has_target && parse_target(a[8], a[4] != NULL && a[4] != Py_None, &target) < 0)
+        return NULL;
+    Py_ssize_t trim = -1;
+    if (a[9] != NULL && a[9] != Py_None && parse_trim(a[9], &trim) < 0)
+        return NULL;
     int spill = a[7] == NULL ? 0 : PyObject_IsTrue(a[7]);
     if (spill < 0)
         return NULL;
     PyObject *prot = a[2];
     ENTER(t);
+    if (has_target) {
+        /* int(size(a) + n - target), as Python computes it (a double), in 0..n */
+        double v = (double)(tag_size(t, ta) + n) - target;
+        first = v <= 0.0 ? 0 : v >= (double)n ? n : (Py_ssize_t)v;
+    }
 
     Walks w;
     w.v = w.small;
@@ -2779,8 +2933,11 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         goto done;
     if (walk_list(t, &sides[0], 0, n, &found, &w, prot, pmode) < 0)
         goto done;
-    if (spill && found < n && walk_held(t, &sides[2], ta, tb, n, &found, &w, prot, pmode) < 0)
-        goto done;
+    if (spill && found < n) {
+        held_order(t);
+        if (walk_held(t, &sides[2], ta, tb, n, &found, &w, prot, pmode) < 0)
+            goto done;
+    }
     if (found < n) {
         res = Py_NewRef(Py_None);
         goto done;
@@ -2789,6 +2946,8 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         if (aside_reserve(t, sides[s].tag, sides[s].aside) < 0)
             goto done;
     }
+    if (trim >= 0 && trash_reserve(t, trim_room(t, ga, gb, n, trim)) < 0)
+        goto done;
     hashes = PyList_New(n);
     handles = PyList_New(n);
     na_obj = PyLong_FromSsize_t(sides[0].found);
@@ -2813,6 +2972,7 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
                 aside_add(t, ix, sides[side].tag, t->late++);
                 continue;
             }
+            t->evicted[e->tag][side == 2]++;
             /* a victim: its handle goes to the result, and its key unless
                the entry stays (a ghost, or hint-only) */
             PyList_SET_ITEM(handles, pos, e->handle);
@@ -2821,7 +2981,10 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
             t->window_resident -= hinted;
             if (g >= 0 || hinted) {
                 PyList_SET_ITEM(hashes, pos, Py_NewRef(e->key));
-                list_append(t, ix, g >= 0 ? g : HINT_ONLY);
+                if (g >= 0)
+                    list_append(t, ix, g);
+                else
+                    hint_only(t, ix);
             }
             else {
                 PyList_SET_ITEM(hashes, pos, e->key);
@@ -2832,6 +2995,8 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         }
     }
     t->resident -= n;
+    if (trim >= 0)
+        trim_ghosts(t, ga, gb, trim);
     PyTuple_SET_ITEM(res, 0, hashes);
     PyTuple_SET_ITEM(res, 1, handles);
     PyTuple_SET_ITEM(res, 2, na_obj);
@@ -2946,6 +3111,10 @@ window_shrink(BlockTable *t)
     }
 }
 
+/* the set of hint's first positions of keys without an entry (a power of
+   two; calls of up to half as many keys use it) */
+#define HINT_FIRSTS 128
+
 static PyObject *
 BT_hint(BlockTable *t, PyObject *hashes)
 {
@@ -2966,19 +3135,19 @@ BT_hint(BlockTable *t, PyObject *hashes)
         goto done;
     Py_ssize_t n = b.n, fresh = 0, newly = 0;
     /* phase 1: find every key; a key without an entry gets a hint-only one,
-       made once for all its positions (item.tag: the first of them) */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (item_find(t, &b.v[i]) < 0)
-            goto done;
-        b.v[i].tag = (int32_t)i;
-    }
-    Py_ssize_t lacking = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        lacking += b.v[i].ix < 0;
-    if (lacking > 8 && dupset_init(&dup, lacking) < 0)
+       made once for all its positions (item.tag: the first of them). Most
+       of a request W ahead has none, so the first positions of those are
+       kept in a set by hash as the keys are found: a small one on the stack
+       (a few instructions a key), a DupSet for a long call */
+    int16_t firsts[HINT_FIRSTS];
+    int firsts_init = 0;
+    if (n > HINT_FIRSTS / 2 && dupset_init(&dup, n) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         Item *it = &b.v[i];
+        if (item_find(t, it) < 0)
+            goto done;
+        it->tag = (int32_t)i;
         if (it->ix >= 0) {
             /* an entry newly hinted (counted once: its queue is empty) */
             newly += qhead_of(t, it->ix) < 0 && t->entries[it->ix].tag < N_RESIDENT;
@@ -2990,12 +3159,20 @@ BT_hint(BlockTable *t, PyObject *hashes)
             r = dupset_add(&dup, b.v, (int32_t)i, &first);
         }
         else {
-            for (Py_ssize_t j = 0; j < i && r == 0; j++) {
-                if (b.v[j].ix < 0 && b.v[j].hash == it->hash && b.v[j].tag == j) {
-                    r = keys_equal(b.v[j].key, it->key);
-                    first = (int32_t)j;
+            if (!firsts_init) {
+                memset(firsts, 0xff, sizeof firsts);
+                firsts_init = 1;
+            }
+            size_t k = (size_t)it->hash & (HINT_FIRSTS - 1);
+            for (; firsts[k] >= 0; k = (k + 1) & (HINT_FIRSTS - 1)) {
+                int32_t j = firsts[k];
+                if (b.v[j].hash == it->hash && (r = keys_equal(b.v[j].key, it->key)) != 0) {
+                    first = j;
+                    break;
                 }
             }
+            if (r == 0)
+                firsts[k] = (int16_t)i;
         }
         if (r < 0)
             goto done;
@@ -3031,7 +3208,7 @@ BT_hint(BlockTable *t, PyObject *hashes)
             e->handle = NULL;
             e->ref = 0;
             index_put(t, ix);
-            list_append(t, ix, HINT_ONLY);
+            hint_only(t, ix);
         }
         int32_t node = node_alloc(t);
         Node *nd = &N[node];
@@ -3061,7 +3238,7 @@ BT_hint(BlockTable *t, PyObject *hashes)
         }
         else if (t->entries[ix].tag == STALE) { /* hinted again before it went */
             list_unlink(t, ix);
-            list_append(t, ix, HINT_ONLY);
+            hint_only(t, ix);
         }
     }
     t->window_uses += n;
@@ -3073,6 +3250,33 @@ done:
 }
 
 #define SMALL_TICKET 64
+
+/* kvoffload.errors.UnknownTicketError, imported when first needed */
+static PyObject *unknown_ticket_type;
+
+/* the manager's error for a ticket not in the window (message as
+   kvoffload.table's): the manager hands unhint straight to the table */
+static void
+raise_unknown_ticket(PyObject *ticket)
+{
+    if (unknown_ticket_type == NULL) {
+        PyObject *mod = PyImport_ImportModule("kvoffload.errors");
+        if (mod == NULL)
+            return;
+        unknown_ticket_type = PyObject_GetAttrString(mod, "UnknownTicketError");
+        Py_DECREF(mod);
+        if (unknown_ticket_type == NULL)
+            return;
+    }
+    PyObject *msg = PyUnicode_FromFormat(
+        "hint ticket %R is not in the window: it was never returned by this manager's hint(), "
+        "or was already unhinted",
+        ticket);
+    if (msg != NULL) {
+        PyErr_SetObject(unknown_ticket_type, msg);
+        Py_DECREF(msg);
+    }
+}
 
 /* free the entries on list STALE (trash room reserved) */
 static void
@@ -3099,7 +3303,7 @@ BT_unhint(BlockTable *t, PyObject *ticket)
             tk = -1;
     }
     if (tk < t->tbase || tk >= t->tnext || t->ring[tk & (t->rcap - 1)].n < 0) {
-        raise_key(PyExc_KeyError, ticket);
+        raise_unknown_ticket(ticket);
         return NULL;
     }
     ENTER(t);
@@ -3147,7 +3351,9 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         nd->prev = -1;
     }
     /* last to first: held entries that rejoin their lists end with the first
-       hash most recent, as a touch leaves them */
+       hash most recent, as a touch leaves them. Each use is freed on the
+       way, so the next hint takes them first to last (its chain then runs
+       the way this one did through the pool) */
     for (k = n - 1; k >= 0; k--) {
         Node *nd = &N[order[k]];
         int32_t ix = nd->ix;
@@ -3155,21 +3361,19 @@ BT_unhint(BlockTable *t, PyObject *ticket)
         if (nd->prev != -2) {
             if (e->place == HELD && e->tag < N_RESIDENT)
                 held_restamp(t, ix); /* its next use may have moved on */
-            continue;
         }
-        t->window_keys--;
-        if (e->tag < N_RESIDENT) {
-            t->window_resident--;
-            if (e->place == HELD)
-                held_release(t, ix);
+        else {
+            t->window_keys--;
+            if (e->tag < N_RESIDENT) {
+                t->window_resident--;
+                if (e->place == HELD)
+                    held_release(t, ix);
+            }
+            else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
+                list_append(t, ix, STALE);
+            }
         }
-        else if (e->tag == HINT_ONLY) { /* kept until the next unhint: see the top */
-            list_unlink(t, ix);
-            list_append(t, ix, STALE);
-        }
-    }
-    for (k = 0; k < n; k++) {
-        N[order[k]].next = t->nfree;
+        nd->next = t->nfree;
         t->nfree = order[k];
     }
     if (order != small)
@@ -3203,6 +3407,7 @@ static PyObject *
 BT_farthest(BlockTable *t, PyObject *prot)
 {
     ENTER(t);
+    held_order(t);
     Side s;
     side_init_held(t, &s);
     int pmode = protection_mode(prot);
@@ -3228,6 +3433,22 @@ done:
     side_free(&s);
     t->in_call = 0;
     return res;
+}
+
+static PyObject *
+BT_evicted(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static Sig sig = {"evicted", {"tag", "held"}, 1, 2, 2, {NULL}};
+    PyObject *a[2];
+    int tg;
+    if (parse_args(&sig, args, nargs, kwnames, a) < 0 || resident_tag(a[0], &tg) < 0)
+        return NULL;
+    int held = a[1] == NULL ? 0 : PyObject_IsTrue(a[1]);
+    if (held < 0)
+        return NULL;
+    if (t->in_call)
+        return reentered();
+    return PyLong_FromSsize_t(t->evicted[tg][held]);
 }
 
 static PyObject *
@@ -3309,8 +3530,7 @@ check_table(BlockTable *t)
             CHECK(e->prev == prev, "list %d: entry %d has a wrong prev", L, (int)ix);
             CHECK(e->tag == L && e->place == IN_LINE, "list %d: entry %d has tag %d, place %d",
                   L, (int)ix, e->tag, e->place);
-            CHECK(L != HINT_ONLY || qhead_of(t, ix) >= 0, "hint-only entry %d has no use",
-                  (int)ix);
+            CHECK(L != HINT_ONLY, "hint-only entry %d on a list", (int)ix);
             CHECK(L != STALE || (qhead_of(t, ix) < 0 && t->window_requests > 0),
                   "stale entry %d is hinted, or outlived the window", (int)ix);
             if (L < N_RESIDENT) {
@@ -3330,6 +3550,16 @@ check_table(BlockTable *t)
         CHECK(count == l->size, "list %d: size %zd, %zd entries", L, l->size, count);
         seen += count;
     }
+    /* the hint-only entries, on no list */
+    for (int32_t ix = 0; ix < t->top; ix++) {
+        Entry *e = &E[ix];
+        if (e->key == NULL || e->tag != HINT_ONLY)
+            continue;
+        CHECK(qhead_of(t, ix) >= 0, "hint-only entry %d has no use", (int)ix);
+        CHECK(e->handle == NULL && e->place == IN_LINE, "hint-only entry %d has a handle or a place",
+              (int)ix);
+        seen++;
+    }
     /* the records: set aside in each resident tag (tag 0..3), held (4) */
     Py_ssize_t held_n[N_RESIDENT] = {0}, held_ready[N_RESIDENT] = {0};
     for (int tag = 0; tag <= N_RESIDENT; tag++) {
@@ -3337,6 +3567,7 @@ check_table(BlockTable *t)
         Aside *A = is_held ? &t->held : &t->aside[tag];
         CHECK(0 <= A->ready && A->ready <= A->n && A->n <= A->cap, "tag %d: aside sizes", tag);
         CHECK(!is_held || t->hold || A->n == 0, "entries held with hint order off");
+        CHECK(is_held ? A->keep >= 0 : A->keep == -1, "tag %d: keep %d", tag, (int)A->keep);
         for (int32_t i = 0; i < A->n; i++) {
             int32_t ix = A->v[i].ix;
             CHECK(ix >= 0 && ix < t->top && E[ix].key != NULL, "tag %d: record %d", tag, (int)i);
@@ -3347,7 +3578,8 @@ check_table(BlockTable *t)
             CHECK(e->handle != NULL, "entry %d set aside without a handle", (int)ix);
             CHECK((i < A->ready) == (e->ref == 0), "tag %d: entry %d ref %d at %d of %d", tag,
                   (int)ix, (int)e->ref, (int)i, (int)A->ready);
-            CHECK(i == 0 || i >= A->ready || A->v[(i - 1) / 2].stamp < A->v[i].stamp,
+            CHECK(i == 0 || i >= A->ready || A->keep == 0 ||
+                      A->v[(i - 1) / 2].stamp < A->v[i].stamp,
                   "tag %d: heap order broken at %d", tag, (int)i);
             if (is_held) {
                 CHECK(qhead_of(t, ix) >= 0 && A->v[i].stamp == held_stamp(t, ix),
@@ -3519,8 +3751,12 @@ static PyMethodDef BT_methods[] = {
     {"touch", (PyCFunction)BT_touch, METH_O,
      "touch(hashes) -> list[int] | None: apply the touch rules, last hash first."},
     {"evict", (PyCFunction)(void (*)(void))BT_evict, FAST,
-     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None, spill=False)\n"
-     "-> (hashes, handles, n_a) | None: remove n entries from lists a and b."},
+     "evict(a, n, protected, *, b=None, first=None, ghost_a=None, ghost_b=None, spill=False,\n"
+     "target=None, trim=None) -> (hashes, handles, n_a) | None: remove n entries from lists\n"
+     "a and b."},
+    {"evicted", (PyCFunction)(void (*)(void))BT_evicted, FAST,
+     "evicted(tag, held=False) -> int: victims evictions took from tag's order (held: of\n"
+     "tag's held entries)."},
     {"hint", (PyCFunction)BT_hint, METH_O,
      "hint(hashes) -> int: a hinted request joins the window; returns its ticket."},
     {"unhint", (PyCFunction)BT_unhint, METH_O,

@@ -42,7 +42,7 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError, UnknownTicketError
+from kvoffload.errors import BlockStateError, ConfigError
 from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
@@ -97,8 +97,12 @@ class PolicyOffloadingManager(OffloadingManager):
         if self.capacity <= 0:
             raise ConfigError(f"backend has no free blocks (capacity {self.capacity})")
         self._table = BlockTable()
+        # no Python frame: the table takes the calls as they are (and raises
+        # unhint's UnknownTicketError itself)
         if type(self).hint is PolicyOffloadingManager.hint:
-            self.hint = self._table.hint  # type: ignore[method-assign,assignment]  # no frame
+            self.hint = self._table.hint  # type: ignore[method-assign,assignment]
+        if type(self).unhint is PolicyOffloadingManager.unhint:
+            self.unhint = self._table.unhint  # type: ignore[method-assign,assignment]
         self._policy: EvictionPolicy = create_policy(policy, self.capacity, self._table)
         self._policy.seed([])
         self._hook(self._policy)
@@ -331,13 +335,7 @@ class PolicyOffloadingManager(OffloadingManager):
         :meth:`hint` of this manager, or already unhinted). Cost: O(hashes
         of the request), with no hashing.
         """
-        try:
-            self._table.unhint(ticket)
-        except KeyError:
-            raise UnknownTicketError(
-                f"hint ticket {ticket!r} is not in the window: it was never returned by this "
-                "manager's hint(), or was already unhinted"
-            ) from None
+        self._table.unhint(ticket)  # the table raises UnknownTicketError itself
 
     # -- beyond vLLM ------------------------------------------------------
 

@@ -10,6 +10,7 @@ forces the reference.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import warnings
 from collections import Counter, OrderedDict
@@ -20,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvoffload.abstract import BlockHash
+from kvoffload.errors import UnknownTicketError
 
 #: resident tags are 0..3, ghost tags 4..7
 RESIDENT_TAGS = 4
@@ -135,6 +137,8 @@ class PyBlockTable:
         self.pinned = 0
         self.in_flight = 0
         self.walked = 0
+        #: per resident tag: victims taken from its order, and held ones
+        self._evicted = [[0, 0] for _ in range(RESIDENT_TAGS)]
         self._ready_to, self._in_flight_to = _DEFAULT_MOVES
         self._touch_ghosts = False
         # -- the hint window
@@ -206,6 +210,9 @@ class PyBlockTable:
 
     def held(self, tag: int, /) -> int:
         return len(self._held[_resident_tag(tag)])
+
+    def evicted(self, tag: int, held: bool = False) -> int:
+        return self._evicted[_resident_tag(tag)][bool(held)]
 
     def lookup(self, hashes: Iterable[Key], /) -> int:
         tag, refs = self._tag, self._refs
@@ -324,8 +331,13 @@ class PyBlockTable:
         if len(heap) > 2 * sum(self._held_ready) + 32:  # mostly stale pairs: rebuild
             refs, uses = self._refs, self._uses
             queued.clear()
+            # (an unhint calls this midway: a held entry whose last use it
+            # took has none left, and is released later in that call)
             queued.update(
-                (k, uses[k][0]) for held in self._held for k in held if not refs.get(k, 0)
+                (k, uses[k][0])
+                for held in self._held
+                for k in held
+                if not refs.get(k, 0) and uses[k]
             )
             queued.pop(h, None)
             heap[:] = [(-key_, k) for k, key_ in queued.items()]
@@ -385,7 +397,10 @@ class PyBlockTable:
 
     def unhint(self, ticket: int, /) -> None:
         if type(ticket) is not int or ticket not in self._tickets:
-            raise KeyError(ticket)
+            raise UnknownTicketError(
+                f"hint ticket {ticket!r} is not in the window: it was never returned by this "
+                "manager's hint(), or was already unhinted"
+            )
         hashes = self._tickets.pop(ticket)
         self.window_found += self.lookup(hashes)
         uses, tags = self._uses, self._tag
@@ -687,6 +702,8 @@ class PyBlockTable:
         ghost_a: int | None = None,
         ghost_b: int | None = None,
         spill: bool = False,
+        target: float | None = None,
+        trim: int | None = None,
     ) -> tuple[list[Key], list[Handle], int] | None:
         a = _resident_tag(a)
         lists = [a] if b is None else [a, _resident_tag(b)]
@@ -699,10 +716,24 @@ class PyBlockTable:
             raise TypeError(f"first must be an int or None, got {first!r}")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
+        if target is not None:
+            if first is not None:
+                raise TypeError("evict() takes first or target, not both")
+            if type(target) is bool or not isinstance(target, (int, float)):
+                raise TypeError(f"target must be a number or None, got {target!r}")
+            if not math.isfinite(target):
+                raise ValueError(f"target must be finite, got {target!r}")
+        if trim is not None:
+            if type(trim) is not int:
+                raise TypeError(f"trim must be an int or None, got {trim!r}")
+            if trim < 0:
+                raise ValueError(f"trim must be >= 0, got {trim!r}")
+        spill = bool(spill)
+        if target is not None:  # in floating point, as kvarc computed it
+            first = int(float(self.size(a) + n) - float(target))
         first = n if first is None else max(0, min(first, n))
         if n == 0:
             return [], [], 0
-        spill = bool(spill)
         room = sum(len(self._main[t]) + self._aside_ready[t] for t in lists)
         if n > room + (sum(self._held_ready[t] for t in lists) if spill else 0):
             return None
@@ -787,6 +818,7 @@ class PyBlockTable:
 
         for i, t in enumerate(lists):
             ghost, main = ghost_of[i], self._main[t]
+            self._evicted[t][0] += len(victims[i])
             for h, handle in victims[i]:
                 if h in main:
                     del main[h]
@@ -797,9 +829,14 @@ class PyBlockTable:
                 self._set_aside(h, t, main.pop(h), self._late)
                 self._late += 1
         for h, tag, handle in held:
+            self._evicted[tag][1] += 1
             self._detach(h, tag)
             leave(h, handle, ghost_of[lists.index(tag)])
         self._resident -= n
+        if trim is not None:  # a ghost list past twice trim, back to trim
+            for g in dict.fromkeys(g for g in ghost_of if g is not None):
+                if len(self._ghosts[g - RESIDENT_TAGS]) > 2 * trim:
+                    self.trim(g, trim)
         return hashes, handles, len(victims[0])
 
 

@@ -42,12 +42,12 @@ it loses.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Sequence
+from typing import ClassVar
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2
-from kvoffload.policies.base import Victims
 from kvoffload.policies.kvarc import KVARCPolicy
 from kvoffload.table import BlockTable
 
@@ -60,13 +60,20 @@ class HKVARCPolicy(KVARCPolicy):
     nearer ones (see the module doc)."""
 
     name = "hkvarc"
+    # kvarc's eviction (T1 down to its target, then T2, then T1), then the
+    # held blocks, farthest next use first: a held victim is counted by its
+    # class (h1, h2), as the table counts it
+    _counted: ClassVar[dict[str, tuple[int, bool]]] = {
+        **KVARCPolicy._counted,
+        "h1": (T1, True),
+        "h2": (T2, True),
+    }
+    _spill = True
 
     def __init__(self, capacity: int, table: BlockTable) -> None:
         super().__init__(capacity, table)
-        self.evictions.update(h1=0, h2=0)
         # the table's statistics as this policy started
         self._holds_before = self._found_before = 0
-        self._redirected = 0
         self._declined = 0
 
     def seed(self, items: Sequence[tuple[BlockHash, Handle]]) -> None:
@@ -75,36 +82,6 @@ class HKVARCPolicy(KVARCPolicy):
         # holding the blocks the window already names counts as deferring them
         self._holds_before, self._found_before = table.holds, table.window_found
         table.set_hint_order(True)
-
-    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
-        """kvarc's eviction (T1 down to its target, then T2, then T1), then
-        the held blocks, farthest next use first. kvarc's steps are written
-        out here rather than called: one Python frame per eviction."""
-        table = self.table
-        first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
-        # Every hinted resident block is held (and every resident block is
-        # in T1 or T2), so the hinted ones that leave are the held victims;
-        # B1 gains T1's victims and the held ones of class T1.
-        hinted, b1 = table.window_resident, table.size(B1)
-        picked = table.evict(
-            T1, n, protected, b=T2, first=first, ghost_a=B1, ghost_b=B2, spill=True
-        )
-        if picked is None:
-            return None
-        hashes, handles, n_t1 = picked
-        redirected = hinted - table.window_resident
-        ev = self.evictions
-        ev["t1"] += n_t1
-        ev["t2"] += n - n_t1 - redirected
-        if redirected:
-            from_h1 = table.size(B1) - b1 - n_t1
-            ev["h1"] += from_h1
-            ev["h2"] += redirected - from_h1
-            self._redirected += redirected
-        self._slack -= n
-        if self._slack < 0:
-            self._trim_ghosts()
-        return hashes, handles
 
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
@@ -151,9 +128,10 @@ class HKVARCPolicy(KVARCPolicy):
         }
 
     def counters(self) -> dict[str, int]:
+        ev = self.evictions
         return {
             "deferred": self.table.holds - self._holds_before,
-            "redirected": self._redirected,
+            "redirected": ev["h1"] + ev["h2"],
             "declined_blocks": self._declined,
             "hinted_hits": self.table.window_found - self._found_before,
         }

@@ -53,14 +53,16 @@ beyond the resident blocks (one block-table entry each, about 50 bytes).
 
 Throughput: 0.69-0.80x LRU's block operations per second
 (``bench/managers.py``; issue 8 asked 0.7x). Touch is the table's, with
-rules; insert is one table call (``insert_chain``); eviction is the
-table's two-list walk, plus a ghost trim every ``GHOST_FACTOR x capacity``
-victims or so.
+rules; insert is one table call (``insert_chain``); eviction is one table
+call too (``evict`` with ``target`` and ``trim``: the two-list walk, then a
+ghost trim every ``GHOST_FACTOR x capacity`` victims or so), and the table
+counts the victims by list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from typing import ClassVar
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
@@ -87,14 +89,33 @@ class KVARCPolicy(TwoListPolicy):
     # when stored again, not when touched.
     touch_rules = TouchRules(ready={T1: T2}, in_flight={T1: STAY})
 
+    #: the table's eviction counts each name reports: (tag, held)
+    _counted: ClassVar[dict[str, tuple[int, bool]]] = {"t1": (T1, False), "t2": (T2, False)}
+    #: evictions may take held blocks once T1 and T2 run out (hkvarc)
+    _spill: ClassVar[bool] = False
+
     def __init__(self, capacity: int, table: BlockTable) -> None:
         super().__init__(capacity, table)
-        # Each ghost list keeps at least `bound` hashes; it is trimmed back to
-        # that once an eviction leaves it with more than twice as many. No
-        # list can get there before `_slack` more victims: the lists are
-        # looked at only then.
+        # Each ghost list keeps at least `bound` hashes; the table trims it
+        # back to that once an eviction leaves it with more than twice as many.
         self._bound = GHOST_FACTOR * capacity
-        self._slack = 0
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """Blocks evicted, by the list they left: the table's counts
+        (``evicted``) since this policy was made, so that an eviction counts
+        nothing in Python. (The table's, so read them while this is its
+        policy: the manager does, and once more as it switches away.)"""
+        evicted, since = self.table.evicted, self._evictions_since
+        return {name: evicted(*at) - since[name] for name, at in self._counted.items()}
+
+    @evictions.setter
+    def evictions(self, counts: dict[str, int]) -> None:
+        # the counts are `counts` as of now (the base class starts them at 0)
+        evicted = self.table.evicted
+        self._evictions_since = {
+            name: evicted(*at) - counts.get(name, 0) for name, at in self._counted.items()
+        }
 
     def insert(self, block_hashes: Sequence[BlockHash], blocks: Sequence[Handle]) -> None:
         # head most recent (the chain's tail is evicted first), ghosts to T2,
@@ -106,31 +127,34 @@ class KVARCPolicy(TwoListPolicy):
         # adaptation, once for the batch: a T1 ghost says T1 was too small
         # (its target grows by max(1, |B2|/|B1|) per ghost), a T2 ghost the
         # reverse; the ghost lists as they were before these left them.
+        # (Written out without max() and min(), which cost a third of it:
+        # the same floating-point operations in the same order.)
         table = self.table
         hit1, hit2 = met.count(B1), met.count(B2)
         b1, b2 = table.size(B1) + hit1, table.size(B2) + hit2
-        step1 = max(1.0, b2 / b1) * hit1 if hit1 else 0.0
-        step2 = max(1.0, b1 / b2) * hit2 if hit2 else 0.0
-        target = self.target_t1_size + step1 - step2
-        self.target_t1_size = min(float(self.capacity), max(0.0, target))
-        self.ghost_hits["b1"] += hit1
-        self.ghost_hits["b2"] += hit2
+        target, ghost_hits = self.target_t1_size, self.ghost_hits
+        if hit1:
+            target += (b2 / b1 if b2 > b1 else 1.0) * hit1
+            ghost_hits["b1"] += hit1
+        if hit2:
+            target -= (b1 / b2 if b1 > b2 else 1.0) * hit2
+            ghost_hits["b2"] += hit2
+        cap = float(self.capacity)
+        self.target_t1_size = cap if target >= cap else target if target > 0.0 else 0.0
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
-        # T1 down to its target once the n blocks being stored join it,
-        # then T2, then T1 again
-        table = self.table
-        first = min(n, max(0, int(table.size(T1) + n - self.target_t1_size)))
-        victims = self._evict(n, protected, first)
-        if victims is not None:
-            self._slack -= n
-            if self._slack < 0:
-                self._trim_ghosts()
-        return victims
-
-    def _trim_ghosts(self) -> None:
-        table, bound = self.table, self._bound
-        for tag in (B1, B2):
-            if table.size(tag) > 2 * bound:
-                table.trim(tag, bound)
-        self._slack = 2 * bound - max(table.size(B1), table.size(B2))
+        # T1 down to its target once the n blocks being stored join it, then
+        # T2, then T1 again (with _spill, then the held blocks); the victims
+        # become ghosts, and a ghost list past twice its bound is trimmed
+        picked = self.table.evict(
+            T1,
+            n,
+            protected,
+            b=T2,
+            target=self.target_t1_size,
+            ghost_a=B1,
+            ghost_b=B2,
+            spill=self._spill,
+            trim=self._bound,
+        )
+        return None if picked is None else picked[:2]

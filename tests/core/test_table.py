@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import random
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvoffload.errors import UnknownTicketError
 from kvoffload.table import STAY, PyBlockTable, TouchRules
 
 PURE = os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0")
@@ -123,6 +125,7 @@ def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
         t.window_found,
         [t.held(tag) for tag in range(4)],
         t.next_uses(keys),
+        [t.evicted(tag, held) for tag in range(4) for held in (False, True)],
     )
 
 
@@ -132,6 +135,13 @@ N_KEYS = 12
 LISTS = [0, 1, 2, 3]
 ITERABLES = ["list", "tuple", "generator", "dict"]
 CONTAINERS = ["set", "frozenset", "dict", "list", "tuple", "bag"]
+#: evict's target (kvarc's T1 target: a float, usually) and trim, good and bad
+TARGETS = st.one_of(
+    st.sampled_from([None, 0.0, 1.5, 2.0, 3, 4.25, -1.0, 10**9]),
+    st.floats(-3, 8),
+    st.sampled_from([float("nan"), float("inf"), True, "1", 10**400]),
+)
+TRIMS = st.sampled_from([None, 0, 1, 2, 3, None, 1, -1, True, 1.0, 2**70])
 
 
 class TableMachine(RuleBasedStateMachine):
@@ -360,6 +370,9 @@ class TableMachine(RuleBasedStateMachine):
         kwargs = {"first": first, "ghost_a": data.draw(ghost), "ghost_b": data.draw(ghost)}
         if b is not None or data.draw(st.booleans()):
             kwargs["b"] = b
+        if first is None or not data.draw(st.integers(0, 5)):  # kvarc's target, rarely both
+            kwargs["target"] = data.draw(TARGETS)
+        kwargs["trim"] = data.draw(TRIMS)
         kwargs = {k: v for k, v in kwargs.items() if v is not None or data.draw(st.booleans())}
 
         def build() -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -407,12 +420,15 @@ class TableMachine(RuleBasedStateMachine):
         b = data.draw(st.sampled_from([None, *(t for t in range(4) if t != a)]))
         n = data.draw(st.integers(1, 6))
         protected = self.idxs(data, 3) if data.draw(st.booleans()) else []
+        first = data.draw(st.sampled_from([None, 0, 1, 3]))
         kwargs = {
             "b": b,
-            "first": data.draw(st.sampled_from([None, 0, 1, 3])),
+            "first": first,
             "ghost_a": data.draw(st.sampled_from([None, 4, 5])),
             "ghost_b": data.draw(st.sampled_from([None, 5, 6])),
             "spill": data.draw(st.sampled_from([True, True, False, 1])),
+            "target": data.draw(TARGETS) if first is None else None,
+            "trim": data.draw(st.sampled_from([None, 0, 1, 2])),
         }
         self.both("evict", lambda: ((a, n, set(self.k(protected))), kwargs))
 
@@ -544,6 +560,72 @@ def test_evict_walks_as_the_spec_says(impl: Any) -> None:
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_evict_counts_its_victims_by_where_they_were(impl: Any) -> None:
+    """``evicted(tag)`` counts the victims taken from a tag's order,
+    ``evicted(tag, held=True)`` the held ones of the tag (what hkvarc reports
+    as h1, h2), whichever side of the call they were on."""
+    t = impl()
+    keys = [b"k%d" % i for i in range(8)]
+    t.insert(keys[:5], list(range(5)), 0)
+    t.insert(keys[5:], list(range(5, 8)), 1)
+    t.complete(keys)
+    t.set_hint_order(True)
+    t.hint([b"k1", b"k6", b"k0"])  # held: k1 and k0 of tag 0, k6 of tag 1
+    counts = [(tag, held) for tag in range(4) for held in (False, True)]
+    assert [t.evicted(tag, held) for tag, held in counts] == [0] * 8
+    assert t.evict(0, 2, (), b=1, first=1, ghost_a=4) == ([b"k2", b"k5"], [2, 5], 1)
+    assert t.evict(1, 4, (), b=0, first=1, spill=True) == (
+        [b"k7", b"k3", b"k4", b"k0"],
+        [7, 3, 4, 0],
+        1,
+    )
+    got = [t.evicted(tag, held) for tag, held in counts]
+    assert got == [3, 1, 2, 0, 0, 0, 0, 0]  # 3 from tag 0's order, k0 held, 2 from 1's
+    assert t.evict(1, 1, (), spill=True) == ([b"k6"], [6], 0)
+    assert (t.evicted(1), t.evicted(1, held=True), t.evicted(0, True)) == (2, 1, 1)
+    assert t.evict(0, 2, (), spill=True) is None  # a failed eviction counts nothing
+    assert [t.evicted(tag, held) for tag, held in counts] == [3, 1, 2, 1, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="resident tag"):
+        t.evicted(4)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_evict_target_and_trim_are_kvarcs_rules(impl: Any) -> None:
+    """``target``: list a is walked first until, with the n blocks being
+    stored, it is down to the target (``first = int(size(a) + n - target)``);
+    ``trim``: a ghost list past twice ``trim`` goes back to ``trim``."""
+    t = impl()
+    a, b = [b"a%d" % i for i in range(6)], [b"b%d" % i for i in range(6)]
+    t.insert(a, list(range(6)), 0)
+    t.insert(b, list(range(6, 12)), 1)
+    t.complete(a + b)
+    # int(6 + 2 - 6.5) = 1 from a, then b
+    assert t.evict(0, 2, (), b=1, target=6.5, ghost_a=4, ghost_b=5) == ([b"a0", b"b0"], [0, 6], 1)
+    # int(5 + 2 - 4.9) = 2: all from a; a target past the list takes b first
+    assert t.evict(0, 2, (), b=1, target=4.9, ghost_a=4, ghost_b=5)[0] == [b"a1", b"a2"]
+    assert t.evict(0, 1, (), b=1, target=99, ghost_a=4, ghost_b=5)[0] == [b"b1"]
+    assert t.evict(0, 1, (), b=1, target=-3.0, ghost_a=4, ghost_b=5)[0] == [b"a3"]  # first=n
+    assert (t.size(4), t.size(5)) == (4, 2)
+    # trim=1: B1 has 4 > 2 ghosts after this, so it drops to 1; B2 (3) too
+    assert t.evict(0, 1, (), b=1, first=0, ghost_a=4, ghost_b=5, trim=1)[0] == [b"b2"]
+    assert t.keys(4) == [b"a3"] and t.keys(5) == [b"b2"]
+    t.evict(0, 2, (), b=1, first=2, ghost_a=4, ghost_b=5, trim=1)  # B1: 3 > 2
+    assert t.keys(4) == [b"a5"] and t.keys(5) == [b"b2"]
+    t.evict(0, 1, (), b=1, first=0, ghost_a=4, ghost_b=5, trim=1)  # B2: 2, not past 2
+    assert t.keys(5) == [b"b2", b"b3"]
+    assert t.evict(1, 9, (), ghost_a=5, trim=0) is None and t.size(5) == 2  # failed: kept
+    with pytest.raises(TypeError, match="first or target"):
+        t.evict(0, 1, (), first=1, target=1.0)
+    with pytest.raises(ValueError, match="target must be finite"):
+        t.evict(0, 1, (), target=float("nan"))
+    with pytest.raises(TypeError, match="trim must be an int"):
+        t.evict(0, 1, (), trim=1.0)
+    with pytest.raises(ValueError, match="trim must be >= 0"):
+        t.evict(0, 1, (), trim=-1)
+    assert t.keys(1) == [b"b4", b"b5"]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_busy_entries_an_eviction_passes_keep_their_places(impl: Any) -> None:
     """What vLLM's managers do (they scan past busy blocks and leave them):
     when a busy entry is ready again it is where it was, older than every
@@ -656,9 +738,11 @@ def test_the_window_keeps_uses_and_hint_only_entries(impl: Any) -> None:
     assert t.evict(1, 1, ()) == ([b"x"], [1], 1)
     assert t.next_uses([b"x"]) == [2 * S] and t.window_keys == 2
     for bad in (first, 0, 3, True, "2", 2.0):
-        with pytest.raises(KeyError) as info:
+        # the manager's error: it hands unhint straight to the table
+        with pytest.raises(UnknownTicketError, match="is not in the window") as info:
             t.unhint(bad)
-        assert info.value.args == (bad,)
+        assert isinstance(info.value, KeyError)
+        assert str(info.value).startswith(f"hint ticket {bad!r} ")
     t.unhint(second)
     assert t.window_found == 1  # x was evicted
     assert (t.window_requests, t.window_uses, t.window_keys, t.window_resident) == (0, 0, 0, 0)
@@ -702,6 +786,43 @@ def test_hint_order_holds_hinted_entries_by_next_use(impl: Any) -> None:
     assert t.size(5) == 0 and t.next_uses([b"k1"]) == [-1]
 
 
+def test_held_entries_leave_farthest_first_however_long_unread() -> None:
+    """Many held entries, changed by hints and unhints in long stretches
+    unread and in short ones (the C table orders them only when a spill or
+    ``farthest`` reads them): both tables agree on every spill and every
+    ``farthest`` (the reference once failed here: an unhint that rebuilt
+    its heap midway met an entry whose last use it had just taken)."""
+    rng = random.Random(7)
+    tables = [CBlockTable(), PyBlockTable()]
+    keys = [b"k%d" % i for i in range(300)]
+    for t in tables:
+        t.insert(keys, list(range(300)), 0)
+        t.complete(keys)
+        t.set_hint_order(True)
+    tickets: list[int] = []
+    for step in range(400):
+        hashes = rng.sample(keys, rng.randint(1, 12))
+        if tickets and rng.random() < 0.45:
+            ticket = tickets.pop(rng.randrange(len(tickets)) if rng.random() < 0.2 else 0)
+            got = [t.unhint(ticket) for t in tables]
+        else:
+            got = [t.hint(hashes) for t in tables]
+            tickets.append(got[0])
+        if step % rng.choice([1, 3, 40, 150]) == 0:  # read in order, now and then
+            pins = rng.sample(keys, 3)
+            got += [t.farthest(set(pins)) for t in tables]
+            n = rng.randint(1, 4)
+            out = [t.evict(0, n, set(pins), ghost_a=4, spill=True) for t in tables]
+            assert out[0] == out[1]
+            victims = out[0][0] if out[0] is not None else []
+            for t in tables:
+                t.insert(victims, list(range(len(victims))), 0)  # back, in flight
+                t.complete(victims[1:])
+        assert got[0::2] == got[1::2]
+        assert tables[0].keys(0) == tables[1].keys(0)
+        tables[0]._check()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_unhint_rejoins_last_to_first_and_held_entries_follow_pins(impl: Any) -> None:
     t = impl()
@@ -721,6 +842,28 @@ def test_unhint_rejoins_last_to_first_and_held_entries_follow_pins(impl: Any) ->
     t.unhint(ticket)
     assert t.window_found == 3
     assert t.keys(0) == [b"c", b"b", b"a"] and t.held(0) == 0  # a ends most recent
+
+
+@pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])
+@pytest.mark.parametrize("n", [3, 40, 64, 65, 500])
+def test_hint_makes_one_entry_per_new_key_in_any_call(n: int, make_key: Any) -> None:
+    """A key without an entry named several times in one hint gets one
+    hint-only entry with one use per position, in short calls and long ones
+    (the C table finds those repeats in a set of its own up to 64 keys), as
+    the reference does; a resident key and a repeated one in between."""
+    tables = [CBlockTable(), PyBlockTable()]
+    for t in tables:
+        t.insert([make_key(0)], [0], 0)
+    fresh = list(range(1, n))
+    call = [make_key(i) for i in fresh + fresh[::3] + [0] + fresh[:: max(1, n // 7)]]
+    assert [t.hint(list(call)) for t in tables] == [1, 1]
+    keys = [make_key(i) for i in range(n + 1)]
+    assert state(tables[0], keys) == state(tables[1], keys)
+    assert tables[0].window_keys == n and tables[0].window_uses == len(call)
+    tables[0]._check()
+    for t in tables:
+        t.unhint(1)
+    assert state(tables[0], keys) == state(tables[1], keys)
 
 
 @pytest.mark.parametrize("make_key", [bytes_key, Key], ids=["bytes", "custom"])

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import kvoffload.policies as policies
 from kvoffload import CPUBackend, PolicyOffloadingManager
 from kvoffload.abstract import BlockHash
+from kvoffload.policies.arc import B1, B2
 from kvoffload.policies.kvarc import GHOST_FACTOR, KVARCPolicy
 from kvoffload.table import BlockTable
 
@@ -144,3 +148,58 @@ def test_kvarc_block_passed_while_pinned_keeps_its_place() -> None:
     p.table.unpin([_h(3)])
     assert list(p.t1) == _hs(3, 2, 1)
     assert _evict(p, 1) == _hs(3)
+
+
+def test_kvarc_reports_the_tables_eviction_counts_since_it_started() -> None:
+    # the table counts the victims by list (no counting in Python): a policy
+    # reports those since it was made, and counts assigned run on from there
+    p = _policy(4)
+    _store(p, 1, 2, 3)  # T1: 3 (the cold tail), 2, 1
+    p.table.touch(_hs(1))  # 1 used again: T2
+    assert _evict(p, 2) == _hs(3, 2)  # int(2 + 2 - target 2.0): both from T1
+    assert p.evictions == {"t1": 2, "t2": 0}
+    p.target_t1_size = 4.0
+    _store(p, 5)
+    assert _evict(p, 1) == _hs(1)  # T1 is within its target: T2 first
+    assert p.evictions == {"t1": 2, "t2": 1}
+    later = KVARCPolicy(4, p.table)  # a policy switched to later starts at zero
+    assert later.evictions == {"t1": 0, "t2": 0} and p.table.evicted(0) == 2
+    p.evictions = {"t1": 10, "t2": 0}
+    assert _evict(p, 1) == _hs(5) and p.evictions == {"t1": 11, "t2": 0}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.integers(1, 12),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 30), min_size=1, max_size=6)),
+        max_size=40,
+    ),
+    target=st.floats(0, 12),
+)
+def test_kvarc_target_moves_by_arcs_formula_exactly(
+    capacity: int, steps: list[tuple[bool, list[int]]], target: float
+) -> None:
+    # the adaptation as the module doc states it, with max() and min(): the
+    # policy's written-out arithmetic must give the same float every time
+    p = _policy(capacity)
+    p.target_t1_size = min(float(capacity), target)
+    for store, ids in steps:
+        table = p.table
+        if not store:
+            n = min(ids[0] % 3 + 1, len(table) - table.pinned - table.in_flight)
+            if n > 0:
+                assert p.evict(n, set()) is not None
+            continue
+        hashes = list(dict.fromkeys(h for h in _hs(*ids) if h not in table))
+        room = capacity - len(table)
+        if len(hashes) > room and p.evict(len(hashes) - room, set(hashes)) is None:
+            continue
+        tags = table.tags(hashes)
+        hit1, hit2 = tags.count(B1), tags.count(B2)
+        b1, b2 = table.size(B1), table.size(B2)
+        step1 = max(1.0, b2 / b1) * hit1 if hit1 else 0.0
+        step2 = max(1.0, b1 / b2) * hit2 if hit2 else 0.0
+        want = min(float(capacity), max(0.0, p.target_t1_size + step1 - step2))
+        _store(p, *(int(h[1:]) for h in hashes))
+        assert p.target_t1_size == want and type(p.target_t1_size) is float
