@@ -51,8 +51,10 @@ generator's workloads is one: ``docs/policies.md`` has every figure). The
 ghost lists cost memory: up to ``4 x GHOST_FACTOR x capacity`` hashes
 beyond the resident blocks (one block-table entry each, about 50 bytes).
 
-Throughput: 0.69-0.80x LRU's block operations per second
-(``bench/managers.py``; issue 8 asked 0.7x). Touch is the table's, with
+Throughput: 0.88-1.02x LRU's block operations per second
+(``bench/managers.py``, two runs on a shared machine; issue 8 asked 0.7x,
+and it was 0.69-0.80x before insert and eviction were one table call
+each). Touch is the table's, with
 rules; insert is one table call (``insert_chain``); eviction is one table
 call too (``evict`` with ``target`` and ``trim``: the two-list walk, then a
 ghost trim every ``GHOST_FACTOR x capacity`` victims or so), and the table
