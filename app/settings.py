@@ -156,6 +156,12 @@ class Settings(BaseSettings):
         le=3600.0,
         description="seconds the engine gets at shutdown to finish in-flight jobs",
     )
+    pin_threads: bool = Field(
+        default=True,
+        description="on Linux with 2+ CPUs, keep the engine's thread on one CPU and the "
+        "rest of the process (the admin server) on the others, so requests do not move "
+        "the engine or cool its caches",
+    )
     sse_heartbeat: float = Field(
         default=15.0,
         gt=0.0,

@@ -232,6 +232,18 @@ def engine_clock(client: httpx.Client) -> tuple[int, float]:
     return int(view["step"]), float(view["timestamp"])
 
 
+def keep_off_engine_cpu(engine: Engine) -> None:
+    """Where the service pinned its engine thread to one CPU (``serve``'s
+    ``--pin-threads``, the default), run this process, the stand-in for
+    clients on other machines, on the other CPUs."""
+    if engine.tid is None or not hasattr(os, "sched_setaffinity"):
+        return
+    engine_cpus = os.sched_getaffinity(engine.tid)
+    others = os.sched_getaffinity(0) - engine_cpus
+    if len(engine_cpus) == 1 and others:
+        os.sched_setaffinity(0, others)
+
+
 class Engine:
     """The server process and its engine thread, read around each window."""
 
@@ -468,6 +480,7 @@ def run(
     """The rows per rate, then (not for the floor) :func:`per_request_figures`."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    own_cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     proc = start_server(port, server_args, floor)
     rows: list[Row] = []
     per_request: dict[str, float] = {}
@@ -476,6 +489,7 @@ def run(
         with httpx.Client(base_url=base, timeout=10.0) as client:
             time.sleep(warmup)
             engine = Engine(proc.pid, engine_thread(proc.pid))
+            keep_off_engine_cpu(engine)
             for rate in rates:
                 rows.append(measure(engine, port, client, rate, window, cycles))
                 r = rows[-1]
@@ -487,6 +501,8 @@ def run(
             if not floor:
                 per_request = per_request_figures(proc, port, client)
     finally:
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, own_cpus)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(60)

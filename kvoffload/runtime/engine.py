@@ -218,6 +218,11 @@ class Engine:
         self._publish()
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The OS thread id of the loop started by :meth:`start` (None before)."""
+        return self._thread.native_id if self._thread is not None else None
+
     def stop(self, timeout: float = 30.0) -> EngineSnapshot:
         """Stop after the current step, finish in-flight jobs, publish and return
         the final snapshot."""
