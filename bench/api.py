@@ -42,7 +42,7 @@ Last, with the engine paused, the server's CPU time per ``GET /v1/cache``
 and ``GET /livez`` (2000 in a row on one connection, least of 5): what a
 request costs the GIL when nothing contends for it.
 
-    .venv/bin/python bench/api.py [--window 2] [--cycles 8] [--quick] [--json]
+    .venv/bin/python bench/api.py [--window 2] [--cycles 12] [--quick] [--json] [--floor]
 """
 
 from __future__ import annotations
@@ -444,7 +444,8 @@ def measure(
         idle_share = (before.engine_share + after.engine_share) / 2
         if idle_rate > 0:
             ratios.append(loaded.steps_per_second / idle_rate)
-        share_ratios.append(loaded.engine_share / idle_share)
+        if idle_share > 0 or math.isnan(idle_share):  # NaN off Linux: shown as such
+            share_ratios.append(loaded.engine_share / idle_share)
         idle_rates.append(idle_rate)
         loaded_rates.append(loaded.steps_per_second)
         idle_shares.append(idle_share)
@@ -465,7 +466,7 @@ def measure(
         idle_engine_share=statistics.median(idle_shares),
         loaded_engine_share=statistics.median(loaded_shares),
         median_ratio=statistics.median(ratios) if ratios else 0.0,
-        median_share_ratio=statistics.median(share_ratios),
+        median_share_ratio=statistics.median(share_ratios) if share_ratios else float("nan"),
     )
 
 
