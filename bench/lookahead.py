@@ -27,7 +27,13 @@ garbage collected before each) of hkvarc at W = 128 against LRU with no
 hints, the issue's target being 0.7x; also against LRU driven with the same
 hints (which it ignores), and with the hinted hashes counted as block ops.
 
+``--seed-offset N`` replays the generator workloads with their seeds moved
+by N (the same shapes, other requests), to validate a change beyond the
+fixed seeds; ``bench/lookahead_losses.py`` says, for one cell, what is left
+against Belady.
+
     .venv/bin/python bench/lookahead.py [--quick] [--only NAME,...] [--no-grid] [--no-speed]
+        [--seed-offset N]
 """
 
 from __future__ import annotations
@@ -157,13 +163,15 @@ def register_baseline() -> None:
         register_policy(BASELINE, f"{__name__}:WindowBeladyLRU")
 
 
-def load(name: str, limit: int | None = None) -> ReplayTrace:
+def load(name: str, limit: int | None = None, seed_offset: int = 0) -> ReplayTrace:
+    """A workload of the grid; ``seed_offset`` moves a generator workload's
+    seed (the same shape, other requests: validation beyond the fixed seeds)."""
     if name in SHARED:
         workload = load_mooncake_trace(TRACES / f"mooncake_{name}_trace.jsonl", limit=limit)
         return ReplayTrace.from_requests(
             workload, name=name, trace_block_size=workload.trace_block_size
         )
-    cfg = GENERATED[name]
+    cfg = dataclasses.replace(GENERATED[name], seed=GENERATED[name].seed + seed_offset)
     if limit is not None:
         cfg = dataclasses.replace(cfg, num_requests=limit)
     return ReplayTrace.from_requests(
@@ -350,6 +358,12 @@ def main() -> int:
     parser.add_argument("--no-grid", action="store_true", help="skip the hit-ratio grid")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed table")
     parser.add_argument("--repeats", type=int, default=7, help="speed: best of this many runs")
+    parser.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="add this to every generator workload's seed (validation on other requests)",
+    )
     args = parser.parse_args()
     names = [*SHARED, *GENERATED]
     if args.only:
@@ -360,7 +374,7 @@ def main() -> int:
             return 2
     limit = 1500 if args.quick else None
     ws = (0, 32) if args.quick else WS
-    traces = {name: load(name, limit) for name in names}
+    traces = {name: load(name, limit, args.seed_offset) for name in names}
     if not args.no_grid:
         print("== grid: prefix hit ratio with the next W requests hinted\n")
         cells = [

@@ -31,7 +31,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TypeVar
 
@@ -290,6 +290,8 @@ class BeladyResult:
     block_accesses: int
     hit_blocks: int
     evictions: int
+    #: each request's hits, in trace order (to compare a policy request by request)
+    request_hits: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -339,13 +341,17 @@ def belady(
     heap: list[tuple[int, int, K]] = []  # (-key, insertion counter, block)
     counter = 0
     hits = evictions = accesses = 0
+    request_hits = []
     done = 0
     for i, blocks in enumerate(requests):
         accesses += len(blocks)
+        hit = 0
         for b in blocks:
             if b not in resident:
                 break
-            hits += 1
+            hit += 1
+        hits += hit
+        request_hits.append(hit)
         # Every other resident block is next used after request i, so its key
         # is >= this bound; keys below it belong to this request (protected).
         current_bound = (i + 1) * stride
@@ -379,6 +385,7 @@ def belady(
         block_accesses=accesses,
         hit_blocks=hits,
         evictions=evictions,
+        request_hits=tuple(request_hits),
     )
 
 

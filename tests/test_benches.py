@@ -121,3 +121,31 @@ def test_bench_lookahead_prints_the_grid_and_the_speed_table() -> None:
         assert max(baseline, kvarc) <= bound and hkvarc > 0
     speed = [line.split() for line in out.splitlines() if line.startswith("synthetic ")]
     assert [r[1] for r in speed] == ["5%", "10%"]
+
+
+def test_bench_lookahead_losses_accounts_for_every_lost_block() -> None:
+    out = run_bench("bench/lookahead_losses.py", "gen-scan-s14", "5%", "32")
+    lines = out.splitlines()
+    lost = int(next(x for x in lines if x.startswith("blocks Belady hits")).split()[-1])
+    reasons = [x.split() for x in lines if x.startswith("  evicted") or x.startswith("  declined")]
+    assert lost > 0 and sum(int(r[-1]) for r in reasons) == lost
+    victims = int(
+        next(x for x in lines if x.startswith("victims evicted unhinted")).split()[3][:-1]
+    )
+    by_list = [x.split() for x in lines if x.startswith("  T1:") or x.startswith("  T2:")]
+    assert sum(int(r[3]) for r in by_list) == victims
+    distances = [x.split() for x in lines if x.startswith("    ")]
+    assert len(distances) == 6 and sum(int(r[-1]) for r in distances) == victims
+    bad = run("bench/lookahead_losses.py", "gen-scan-s14", "3%", "32")
+    assert bad.returncode == 2 and "caps ['5%', '10%']" in bad.stdout
+
+
+def test_bench_lookahead_seed_offset_replays_other_requests() -> None:
+    def cells(*extra: str) -> list[str]:
+        out = run_bench(
+            "bench/lookahead.py", "--quick", "--no-speed", "--only", "gen-scan-s14", *extra
+        )
+        return [line for line in out.splitlines() if line.startswith("| gen-scan-s14")]
+
+    same, moved = cells(), cells("--seed-offset", "20")
+    assert len(same) == len(moved) == 4 and same != moved

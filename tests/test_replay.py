@@ -139,6 +139,7 @@ def test_belady_counts_only_prefix_hits_and_protects_the_request() -> None:
     result = belady([[1, 2, 3], [1, 2, 3], [9, 2]], 2)
     # [9, 2]: 2 is resident but not a prefix hit; 9 evicts 1 (never used again)
     assert (result.hit_blocks, result.evictions) == (2, 1)
+    assert result.request_hits == (0, 2, 0)  # request by request, in trace order
 
 
 def test_belady_empty_and_bad_capacity() -> None:

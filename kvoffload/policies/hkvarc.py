@@ -7,13 +7,17 @@ uses it, and without hints it is kvarc exactly (same lists, orders, victims
 and answers: ``tests/policies/test_hkvarc.py`` checks it under Hypothesis,
 and the replays of both shared traces give the same hits):
 
-* **kvarc on the blocks no waiting request uses**, unchanged: T1/T2, the
-  ghost lists B1/B2, its adaptive target, chains filed tail first, the
-  prompt tail admitted cold.
+* **kvarc on the blocks no waiting request uses**: T1/T2, the ghost lists
+  B1/B2, its adaptive target, chains filed tail first, the prompt tail
+  admitted cold. The target is a share of the blocks kvarc orders: with H
+  blocks held, T1 in line is evicted down to ``target * (capacity - H) /
+  capacity`` (a held block is not kvarc's to place; counting the held H1
+  blocks as T1 against the whole target, as the first version did, let the
+  share of held blocks that happened to come from T1 set the balance).
 * **Hinted blocks are held.** A resident block that a request in the window
   will use leaves kvarc's order (the table's hint order holds it) and
-  remembers its class: H1 if it is in T1, H2 if in T2 (kvarc's target
-  counts H1 as part of T1). When its last hinted use comes (``unhint``,
+  remembers its class: H1 if it is in T1, H2 if in T2. When its last
+  hinted use comes (``unhint``,
   right before the request is served) it rejoins its list at the most
   recent end, and the request's touch then files it as kvarc would (T2).
 * **Evictions take T1/T2 first**, in kvarc's order, and only then held
@@ -42,12 +46,13 @@ it loses.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Container, Sequence
 from typing import ClassVar
 
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Handle
 from kvoffload.policies.arc import B1, B2, T1, T2
+from kvoffload.policies.base import Victims
 from kvoffload.policies.kvarc import KVARCPolicy
 from kvoffload.table import BlockTable
 
@@ -82,6 +87,19 @@ class HKVARCPolicy(KVARCPolicy):
         # holding the blocks the window already names counts as deferring them
         self._holds_before, self._found_before = table.holds, table.window_found
         table.set_hint_order(True)
+
+    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
+        # kvarc's T1 target is a share of the cache kvarc orders, and held
+        # blocks have left its order: with H held, T1 in line goes down to
+        # target * (capacity - H) / capacity (the table compares the target
+        # with all of T1, so H1 is added). Nothing held: kvarc's target.
+        table = self.table
+        target = self.target_t1_size
+        h1, h2 = table.held(T1), table.held(T2)
+        if h1 or h2:
+            cap = self.capacity
+            target = target * (cap - h1 - h2) / cap + h1
+        return self._evict_to(target, n, protected)
 
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]

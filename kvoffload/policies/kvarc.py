@@ -145,7 +145,10 @@ class KVARCPolicy(TwoListPolicy):
         self.target_t1_size = cap if target >= cap else target if target > 0.0 else 0.0
 
     def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
-        # T1 down to its target once the n blocks being stored join it, then
+        return self._evict_to(self.target_t1_size, n, protected)
+
+    def _evict_to(self, target: float, n: int, protected: Container[BlockHash]) -> Victims | None:
+        # T1 down to `target` once the n blocks being stored join it, then
         # T2, then T1 again (with _spill, then the held blocks); the victims
         # become ghosts, and a ghost list past twice its bound is trimmed
         picked = self.table.evict(
@@ -153,7 +156,7 @@ class KVARCPolicy(TwoListPolicy):
             n,
             protected,
             b=T2,
-            target=self.target_t1_size,
+            target=target,
             ghost_a=B1,
             ghost_b=B2,
             spill=self._spill,

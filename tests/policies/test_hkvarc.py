@@ -204,6 +204,25 @@ def test_hkvarc_evicts_unhinted_blocks_first_then_held_ones_farthest_first() -> 
         m.unhint(ticket)
 
 
+def test_hkvarc_scales_kvarcs_t1_target_to_the_blocks_in_line() -> None:
+    m = _manager(10)  # kvarc's T1 target starts at 5
+    _store(m, 1, 2, 3, 4, 5, 6)
+    m.touch(_hs(1, 2, 3, 4, 5, 6))  # all six in T2, 6 the oldest
+    _store(m, 11, 12, 13, 14)  # T1, 14 (the prompt's tail) at its cold end
+    ticket = m.hint(_hs(1, 2, 3, 4))  # four T2 blocks held
+    assert _lists(m) == {"t1": 4, "t2": 2, "h1": 0, "h2": 4, "b1": 0, "b2": 0}
+    # Six blocks are in kvarc's order, so T1's share of them is 5 * 6 / 10 = 3:
+    # T1 (4, and the one stored) is over it and gives the victim. Counting
+    # the target against the whole cache (T1 at 5, under 5) took T2's oldest.
+    out = m.prepare_store(_hs(20))
+    assert out is not None and out.block_hashes_evicted == _hs(14)
+    m.complete_store(out.block_hashes_to_store)
+    m.unhint(ticket)
+    # nothing held: kvarc's own target (T1 at 4 + 1, not over 5: T2's oldest)
+    out = m.prepare_store(_hs(21))
+    assert out is not None and out.block_hashes_evicted == _hs(6)
+
+
 def test_hkvarc_declines_blocks_it_would_evict_a_nearer_one_for() -> None:
     m = _manager(3)
     _store(m, 1, 2, 3)
