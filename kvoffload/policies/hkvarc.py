@@ -17,9 +17,9 @@ and the replays of both shared traces give the same hits):
 * **Hinted blocks are held.** A resident block that a request in the window
   will use leaves kvarc's order (the table's hint order holds it) and
   remembers its class: H1 if it is in T1, H2 if in T2. When its last
-  hinted use comes (``unhint``,
-  right before the request is served) it rejoins its list at the most
-  recent end, and the request's touch then files it as kvarc would (T2).
+  hinted use comes (``unhint``, right before the request is served) it
+  rejoins its list at the most recent end, and the request's touch then
+  files it as kvarc would (T2).
 * **Evictions take T1/T2 first**, in kvarc's order, and only then held
   blocks, farthest next use first (on a tie, the later position in the
   request: a chain's tail before its head). Every unhinted block is next
