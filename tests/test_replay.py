@@ -148,8 +148,9 @@ def test_belady_empty_and_bad_capacity() -> None:
         belady([[1]], 0)
 
 
-def reference_belady(requests: Sequence[Sequence[int]], capacity: int) -> int:
-    """Belady by brute force: scan the future for every candidate victim."""
+def reference_belady(requests: Sequence[Sequence[int]], capacity: int) -> list[int]:
+    """Belady by brute force: scan the future for every candidate victim;
+    each request's hits."""
 
     def next_use(block: int, after: int) -> tuple[float, int]:
         for j in range(after + 1, len(requests)):
@@ -158,12 +159,14 @@ def reference_belady(requests: Sequence[Sequence[int]], capacity: int) -> int:
         return (math.inf, 0)
 
     resident: set[int] = set()
-    hits = 0
+    hits = []
     for i, blocks in enumerate(requests):
+        hit = 0
         for b in blocks:
             if b not in resident:
                 break
-            hits += 1
+            hit += 1
+        hits.append(hit)
         for b in blocks:
             if b in resident:
                 continue
@@ -181,7 +184,9 @@ def reference_belady(requests: Sequence[Sequence[int]], capacity: int) -> int:
     st.integers(1, 8),
 )
 def test_belady_matches_a_brute_force_reference(requests: list[list[int]], capacity: int) -> None:
-    assert belady(requests, capacity).hit_blocks == reference_belady(requests, capacity)
+    result, reference = belady(requests, capacity), reference_belady(requests, capacity)
+    assert result.request_hits == tuple(reference)
+    assert result.hit_blocks == sum(reference)
 
 
 def test_belady_bounds_every_online_policy_on_the_conversation_trace() -> None:
