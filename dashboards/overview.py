@@ -280,7 +280,8 @@ def _policy() -> list[Panel]:
         timeseries_panel(
             "Policy parameters",
             "The adaptive parameters of the active eviction policy, e.g. the ARC family's"
-            " target size of T1 (in offloaded blocks), against T1's actual size.",
+            " target size of T1 (in offloaded blocks; hkvarc's target_t1_in_line: the part of"
+            " it for the blocks not held), against T1's actual size.",
             "none",
             [
                 Query(

@@ -206,7 +206,8 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _g(
         "kvoffload_policy_parameter",
-        "Adaptive parameters of the current eviction policy, by parameter name.",
+        "Adaptive parameters of the current eviction policy, by parameter name (arc, kvarc: "
+        "target_t1_size; hkvarc also target_t1_in_line, what T1 in line is held to).",
         ("policy", "name"),
     ),
     _c(

@@ -101,6 +101,13 @@ class HKVARCPolicy(KVARCPolicy):
             target = target * (cap - h1 - h2) / cap + h1
         return self._evict_to(target, n, protected)
 
+    def params(self) -> dict[str, float]:
+        # the target T1 in line is held to (evict): what to read t1 against
+        table, cap, target = self.table, self.capacity, self.target_t1_size
+        held = table.held(T1) + table.held(T2)
+        in_line = target * (cap - held) / cap if held else target
+        return {**super().params(), "target_t1_in_line": in_line}
+
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
     ) -> int:

@@ -126,7 +126,9 @@ def test_hkvarc_without_hints_is_kvarc_exactly(
         k.counters.hit_blocks,
         k.counters.store_blocks,
     )
-    assert s.params == k.params
+    # nothing held: T1 in line is held to kvarc's own target
+    target = k.params["target_t1_size"]
+    assert s.params == {**k.params, "target_t1_in_line": target}
     assert s.policy_counters == dict.fromkeys(COUNTERS, 0)
 
 
@@ -211,6 +213,7 @@ def test_hkvarc_scales_kvarcs_t1_target_to_the_blocks_in_line() -> None:
     _store(m, 11, 12, 13, 14)  # T1, 14 (the prompt's tail) at its cold end
     ticket = m.hint(_hs(1, 2, 3, 4))  # four T2 blocks held
     assert _lists(m) == {"t1": 4, "t2": 2, "h1": 0, "h2": 4, "b1": 0, "b2": 0}
+    assert m.stats().params == {"target_t1_size": 5.0, "target_t1_in_line": 3.0}
     # Six blocks are in kvarc's order, so T1's share of them is 5 * 6 / 10 = 3:
     # T1 (4, and the one stored) is over it and gives the victim. Counting
     # the target against the whole cache (T1 at 5, under 5) took T2's oldest.
