@@ -36,6 +36,8 @@ from kvoffload.replay import belady, parse_capacity
 
 #: next-use distances (requests) the unhinted victims are counted in
 DISTANCES = (128, 512, 2048, 8192)
+#: the list a victim left, by the ghost list it joined
+LEFT = {B1: "T1", B2: "T2"}
 
 
 def distance_bucket(d: int | None) -> str:
@@ -96,7 +98,7 @@ def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, polic
                 held_victims += 1
                 why[h] = "evicted held"
                 continue
-            lst = {B1: "T1", B2: "T2"}.get(tag, "?")
+            lst = LEFT.get(tag, "?")
             why[h] = f"evicted unhinted from {lst}"
             unhinted[lst] += 1
             nxt = next_use(h, i)
