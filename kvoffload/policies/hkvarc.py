@@ -88,25 +88,26 @@ class HKVARCPolicy(KVARCPolicy):
         self._holds_before, self._found_before = table.holds, table.window_found
         table.set_hint_order(True)
 
-    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
+    def _t1_in_line(self) -> tuple[float, int]:
         # kvarc's T1 target is a share of the cache kvarc orders, and held
-        # blocks have left its order: with H held, T1 in line goes down to
-        # target * (capacity - H) / capacity (the table compares the target
-        # with all of T1, so H1 is added). Nothing held: kvarc's target.
-        table = self.table
-        target = self.target_t1_size
-        h1, h2 = table.held(T1), table.held(T2)
-        if h1 or h2:
-            cap = self.capacity
-            target = target * (cap - h1 - h2) / cap + h1
-        return self._evict_to(target, n, protected)
+        # blocks have left its order: with H held, T1 in line is held to
+        # target * (capacity - H) / capacity (nothing held: kvarc's target,
+        # exactly). Returned with H1, the held blocks of T1.
+        table, target = self.table, self.target_t1_size
+        h1 = table.held(T1)
+        held = h1 + table.held(T2)
+        if held:
+            target = target * (self.capacity - held) / self.capacity
+        return target, h1
+
+    def evict(self, n: int, protected: Container[BlockHash]) -> Victims | None:
+        # the table compares the target with all of T1, held H1 included
+        in_line, h1 = self._t1_in_line()
+        return self._evict_to(in_line + h1, n, protected)
 
     def params(self) -> dict[str, float]:
-        # the target T1 in line is held to (evict): what to read t1 against
-        table, cap, target = self.table, self.capacity, self.target_t1_size
-        held = table.held(T1) + table.held(T2)
-        in_line = target * (cap - held) / cap if held else target
-        return {**super().params(), "target_t1_in_line": in_line}
+        # what to read t1 (in line) against
+        return {**super().params(), "target_t1_in_line": self._t1_in_line()[0]}
 
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
