@@ -9,6 +9,9 @@ and prints:
   waiting request used it (from T1 or T2: its ghost list says which),
   evicted while held (a waiting request used it), declined by the store
   that would have kept it, or never stored;
+* the same against the issue's baseline (window-Belady with LRU fallback,
+  replayed with the same window), and the blocks the policy hits and the
+  baseline does not;
 * the victims evicted unhinted: how many are used again, within which
   distance (in requests), and the share used again by the list they left;
 * evicted held blocks, declined blocks, and the hinted resident blocks
@@ -27,7 +30,7 @@ import sys
 from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 
-from lookahead import CAPACITIES, GENERATED, SHARED, load, register_baseline
+from lookahead import BASELINE, CAPACITIES, GENERATED, SHARED, load, register_baseline
 
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
 from kvoffload.policies import available_policies
@@ -49,8 +52,30 @@ def distance_bucket(d: int | None) -> str:
     return f"> {DISTANCES[-1]}"
 
 
+def request_hits(
+    requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, policy: str
+) -> list[int]:
+    """Each request's prefix hits under ``policy`` with a window of ``w``."""
+    m = PolicyOffloadingManager(CPUBackend(16, capacity), policy=policy)
+    window = deque(m.hint(r) for r in requests[:w])
+    hits = []
+    for i, hashes in enumerate(requests):
+        if w:
+            if i + w < len(requests):
+                window.append(m.hint(requests[i + w]))
+            m.unhint(window.popleft())
+        m.touch(hashes)
+        k = m.lookup(hashes)
+        hits.append(k)
+        out = m.prepare_store(hashes[k:])
+        if out is not None:
+            m.complete_store(out.block_hashes_to_store)
+    return hits
+
+
 def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, policy: str) -> None:
     bound = belady(requests, capacity)
+    base = request_hits(requests, capacity, w, BASELINE)
     uses: dict[BlockHash, list[int]] = defaultdict(list)  # the requests using each block
     for i, r in enumerate(requests):
         for h in dict.fromkeys(r):
@@ -65,6 +90,8 @@ def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, polic
     table = m.table
     why: dict[BlockHash, str] = {}  # why a block is absent, as of its last change
     lost: Counter[str] = Counter()
+    lost_to_base: Counter[str] = Counter()
+    ahead_of_base = 0
     unhinted: Counter[str] = Counter()  # unhinted victims by list
     reused: Counter[str] = Counter()  # ... of those, used again
     distance: Counter[str] = Counter()
@@ -83,6 +110,10 @@ def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, polic
         hits += k
         if bound.request_hits[i] > k:
             lost[why.get(req[k], "never stored")] += bound.request_hits[i] - k
+        if base[i] > k:
+            lost_to_base[why.get(req[k], "never stored")] += base[i] - k
+        else:
+            ahead_of_base += k - base[i]
         absent = [h for h in req[k:] if h not in table]
         out = m.prepare_store(req[k:])
         if out is None:
@@ -109,6 +140,12 @@ def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, polic
     print(f"{policy}: prefix hit ratio {hits / accesses:.4f}, Belady {bound.prefix_hit_ratio:.4f}")
     print(f"blocks Belady hits and {policy} does not: {sum(lost.values())}")
     for reason, n in lost.most_common():
+        print(f"  {reason:<26}{n:>9}")
+    print(
+        f"against the baseline ({sum(base) / accesses:.4f}): blocks it hits and {policy} does "
+        f"not: {sum(lost_to_base.values())}; the other way round: {ahead_of_base}"
+    )
+    for reason, n in lost_to_base.most_common():
         print(f"  {reason:<26}{n:>9}")
     total = sum(unhinted.values())
     print(f"victims evicted unhinted: {total}; used again, by list:")
