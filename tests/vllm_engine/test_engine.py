@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,6 +166,23 @@ def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
         make_llm(model_dir, extra)
 
 
+def run_script(
+    model_dir: Path, extra: dict[str, Any], tmp_path: Path, engine: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """The workload in a fresh process whose engine core runs in a child
+    process of its own (vLLM's default outside tests): what it wrote, and
+    its log."""
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    script = Path(__file__).with_name("workload.py")
+    result = tmp_path / "steps.json"
+    args = [sys.executable, str(script), str(model_dir), json.dumps(extra), str(result)]
+    if engine is not None:
+        args.append(json.dumps(engine))
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=420)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(result.read_text()), out.stdout + out.stderr
+
+
 def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path: Path) -> None:
     """With vLLM's engine core in a child process (its default outside
     tests) the spec is loaded there and the tier serves the prefix; the
@@ -172,18 +190,7 @@ def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path
     listens and is reached from the parent process, which has none."""
     port = free_port()
     extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc", admin_port=port)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    script = Path(__file__).with_name("workload.py")
-    result = tmp_path / "steps.json"
-    out = subprocess.run(
-        [sys.executable, str(script), str(model_dir), json.dumps(extra), str(result)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    answer = json.loads(result.read_text())
+    answer, log = run_script(model_dir, extra, tmp_path)
     steps = answer["steps"]
     assert {n: tuple(s["output"]) for n, s in steps.items()} == baseline.outputs()
     assert steps["a_again"]["cached_tokens"] == PREFIX_TOKENS
@@ -195,5 +202,33 @@ def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path
     assert re.search(
         rf"\(EngineCore\S* pid=\d+\)\S* INFO .* kvoffload admin API of this vLLM engine at "
         rf"http://127\.0\.0\.1:{port} \(admin_port {port} ",
-        out.stdout + out.stderr,
-    ), (out.stdout + out.stderr)[-3000:]
+        log,
+    ), log[-3000:]
+
+
+def test_two_tensor_parallel_workers(model_dir: Path, tmp_path: Path) -> None:
+    """With two tensor-parallel worker processes each builds its own
+    handler and CPU mirror over its shard of the KV cache, and both copy
+    the prefix back: A's second run, its 640-token prefix from the tier,
+    gives the output its first run computed. The engine core's admin server
+    has the manager's side (the hits and loads) and no worker: its transfer
+    series are there, at 0."""
+    port = free_port()
+    extra = kvoffload_extra(num_cpu_blocks=BIG_TIER, eviction_policy="kvarc", admin_port=port)
+    engine = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    answer, log = run_script(model_dir, extra, tmp_path, engine)
+    steps = answer["steps"]
+    assert steps["a_again"]["cached_tokens"] == steps["b"]["cached_tokens"] == PREFIX_TOKENS
+    assert steps["a_again"]["output"] == steps["a"]["output"]
+    mirrors = re.findall(r"\((Worker_TP\d)\S* pid=\d+\)\S* .*CPU mirror: ", log)
+    assert sorted(mirrors) == ["Worker_TP0", "Worker_TP1"], log[-3000:]
+    assert re.search(r"\(EngineCore\S* pid=\d+\)\S* INFO .* workers in this process: 0", log)
+    counters = answer["admin"]["cache"]["counters"]
+    loaded = PREFIX_TOKENS // GPU_BLOCK_SIZE  # A's prefix, once (B finds it on the GPU)
+    assert counters["hit_blocks"] == counters["load_blocks"] == loaded
+    metrics = answer["admin"]["metrics"]
+    assert f"kvoffload_load_blocks_total {loaded}.0" in metrics
+    for direction in ("load", "store"):
+        assert (
+            f'kvoffload_transfer_jobs_total{{direction="{direction}",outcome="ok"}} 0.0' in metrics
+        )

@@ -6,11 +6,12 @@ pushed out of it); then A again (P can only come from the offload tier) and
 B, P plus 20 other tokens. One ``generate`` per prompt keeps the order
 fixed. Greedy decoding, 16 tokens each.
 
-Also a script: ``python workload.py MODEL_DIR EXTRA_CONFIG_JSON OUT_JSON``
-runs the workload in a fresh process and writes each step's output and
-cached tokens to OUT_JSON, and with an ``admin_port`` what the admin server
-answered at the end (the tier uses it for an engine whose core runs in its
-own process).
+Also a script: ``python workload.py MODEL_DIR EXTRA_CONFIG_JSON OUT_JSON
+[ENGINE_ARGS_JSON]`` runs the workload in a fresh process and writes each
+step's output and cached tokens to OUT_JSON, and with an ``admin_port`` what
+the admin server answered at the end (the tier uses it for an engine whose
+core runs in its own process, and for one with two tensor-parallel worker
+processes); ENGINE_ARGS_JSON adds arguments to vLLM's ``LLM``.
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def make_llm(
     *,
     kv_events: bool = False,
     scheduler_cls: str | None = None,
+    engine: Mapping[str, Any] | None = None,
 ) -> Any:
     """A vLLM engine on the tiny model; ``extra`` is the connector's whole
     extra config (``None``: no offloading); ``kv_events`` turns vLLM's KV
     cache events on (handed to vLLM's null publisher); ``scheduler_cls``
-    replaces vLLM's scheduler."""
+    replaces vLLM's scheduler; ``engine`` adds arguments to ``LLM``."""
     from vllm import LLM
     from vllm.config import KVEventsConfig, KVTransferConfig
 
@@ -104,6 +106,7 @@ def make_llm(
         kv_events_config=(
             KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
         ),
+        **(engine or {}),
     )
 
 
@@ -198,20 +201,21 @@ def run_workload(
     workload: Callable[[int], list[tuple[str, list[int]]]] = prompts,
     kv_events: bool = False,
     before: Callable[[str, Any], None] | None = None,
+    engine: Mapping[str, Any] | None = None,
 ) -> Run:
     """Run the workload in a new engine, then drop it. With ``in_process``
     (the engine core in this process) the run also reads kvoffload's live
     manager and handler and records the tier's events vLLM's scheduler
     publishes; without, only what vLLM answers. ``before(name, manager)``
     runs before each prompt's ``generate``, and with ``"end"`` before the
-    engine shuts down."""
+    engine shuts down. ``engine`` adds arguments to vLLM's ``LLM``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     import kvoffload.vllm as kv
 
     known = {id(m) for m in kv.live_managers()} | {id(h) for h in kv.live_handlers()}
-    llm = make_llm(model_dir, extra, kv_events=kv_events)
+    llm = make_llm(model_dir, extra, kv_events=kv_events, engine=engine)
     manager = next((m for m in kv.live_managers() if id(m) not in known), None)
     handler = next((h for h in kv.live_handlers() if id(h) not in known), None)
     run = Run()
@@ -287,9 +291,10 @@ if __name__ == "__main__":
         os.environ.setdefault(key, value)
     model, extra_json, out_json = sys.argv[1:4]
     extra = json.loads(extra_json)
+    engine = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
     admin: dict[str, Any] = {}
     hook = read_admin(extra["admin_port"], admin) if "admin_port" in extra else None
-    result = run_workload(Path(model), extra, in_process=False, before=hook)
+    result = run_workload(Path(model), extra, in_process=False, before=hook, engine=engine)
     steps = {
         s.name: {"output": s.output, "cached_tokens": s.cached_tokens}
         for s in result.steps.values()
