@@ -11,7 +11,8 @@ W in 0, 8, 32, 128, 512, 2048), prefix hit ratio of
   :class:`WindowBeladyLRU` below; it is not one of kvoffload's policies,
 * ``hkvarc``,
 * Belady (the whole future known, every store admitted: hkvarc, which may
-  decline stores, can beat it by a hair),
+  decline stores, can beat it by a hair; ``belady(..., bypass=True)`` is
+  the bound for a policy that declines, docs/policies.md),
 
 with the share of the LRU-to-Belady gap hkvarc closes (the baseline's in
 brackets). On the shared traces each cell is checked against the issue's

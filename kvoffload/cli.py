@@ -99,7 +99,8 @@ def _build_parser() -> _Parser:
         help=(
             "hint the next W requests to the manager while one is served, as an engine's "
             "waiting queue would (policies that use hints: hkvarc; the others ignore them); "
-            "default 0"
+            "with W > 0 the table adds Belady with bypass ('bypass hit'), the bound for a "
+            "policy that may decline stores; default 0"
         ),
     )
     replay.add_argument(
@@ -170,11 +171,13 @@ def _split(text: str, what: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One (trace, policy, capacity) run and the bound at its capacity."""
+    """One (trace, policy, capacity) run and the bounds at its capacity (with
+    bypass only for a replay with hints, where a policy may decline stores)."""
 
     result: ReplayResult
     bound: BeladyResult
     unique_blocks: int
+    bypass_bound: BeladyResult | None = None
 
     @property
     def capacity_percent(self) -> float:
@@ -214,14 +217,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         capacities = [parse_capacity(spec, unique) for spec in capacity_specs]
         traces.append((trace, unique, capacities))
 
-    # Belady counts as one more pass over the requests per capacity
-    total = sum(t.requests * len(caps) * (len(policies) + 1) for t, _, caps in traces)
+    # Belady counts as one more pass over the requests per capacity, and with
+    # hints (policies may decline stores) Belady with bypass as another
+    bounds = 2 if args.lookahead else 1
+    total = sum(t.requests * len(caps) * (len(policies) + bounds) for t, _, caps in traces)
     rows: list[_Row] = []
     # the bar goes to stderr, so stdout stays clean for --json
     with _ProgressBar(total, enabled=sys.stderr.isatty()) as advance:
         for trace, unique, capacities in traces:
             for capacity in capacities:
                 bound = belady(trace.block_hashes, capacity, progress=advance)
+                bypass = (
+                    belady(trace.block_hashes, capacity, bypass=True, progress=advance)
+                    if args.lookahead
+                    else None
+                )
                 for policy in policies:
                     result = replay(
                         trace,
@@ -230,7 +240,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                         progress=advance,
                         lookahead=args.lookahead,
                     )
-                    rows.append(_Row(result, bound, unique))
+                    rows.append(_Row(result, bound, unique, bypass))
     if args.json:
         _print_json(rows, traces, sys.stdout)
     else:
@@ -295,7 +305,7 @@ def _print_json(
 
 
 def _run_json(row: _Row) -> dict[str, object]:
-    r, b = row.result, row.bound
+    r, b, bb = row.result, row.bound, row.bypass_bound
     return {
         "trace": r.trace,
         "policy": r.policy,
@@ -307,6 +317,8 @@ def _run_json(row: _Row) -> dict[str, object]:
         "prefix_hit_ratio": r.prefix_hit_ratio,
         "belady_hit_blocks": b.hit_blocks,
         "belady_hit_ratio": b.prefix_hit_ratio,
+        "belady_bypass_hit_blocks": None if bb is None else bb.hit_blocks,
+        "belady_bypass_hit_ratio": None if bb is None else bb.prefix_hit_ratio,
         "evictions": r.evictions,
         "rejected_stores": r.rejected_stores,
         "block_ops": r.block_ops,
@@ -323,6 +335,7 @@ _COLUMNS = (
     "cap %",
     "prefix hit",
     "belady hit",
+    "bypass hit",
     "block ops/s",
     "evictions",
     "lookahead",
@@ -338,6 +351,7 @@ def _print_table(rows: Sequence[_Row], out: TextIO) -> None:
             f"{row.capacity_percent:.2f}",
             f"{row.result.prefix_hit_ratio:.4f}",
             f"{row.bound.prefix_hit_ratio:.4f}",
+            "-" if row.bypass_bound is None else f"{row.bypass_bound.prefix_hit_ratio:.4f}",
             f"{row.result.block_ops_per_second:,.0f}",
             str(row.result.evictions),
             str(row.result.lookahead),

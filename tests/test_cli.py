@@ -54,7 +54,7 @@ def test_cli_replay_prints_a_table() -> None:
     header, *rows = done.stdout.splitlines()
     assert header.split() == [
         "trace", "policy", "capacity", "cap", "%", "prefix", "hit", "belady", "hit",
-        "block", "ops/s", "evictions", "lookahead",
+        "bypass", "hit", "block", "ops/s", "evictions", "lookahead",
     ]  # fmt: skip
     assert len(rows) == 2 * 2 * 2
     first = rows[0].split()
@@ -64,6 +64,7 @@ def test_cli_replay_prints_a_table() -> None:
     for row in rows:
         prefix, belady = float(row.split()[4]), float(row.split()[5])
         assert 0.0 <= prefix <= belady <= 1.0
+        assert row.split()[6] == "-"  # no hints, no declined stores: no bypass bound
 
 
 def test_cli_version_names_the_block_table() -> None:
@@ -88,9 +89,11 @@ def test_cli_replay_json_has_every_field() -> None:
         assert set(run) == {
             "trace", "policy", "capacity_blocks", "capacity_percent", "requests",
             "block_accesses", "hit_blocks", "prefix_hit_ratio", "belady_hit_blocks",
-            "belady_hit_ratio", "evictions", "rejected_stores", "block_ops",
-            "block_ops_per_second", "wall_seconds", "lookahead",
+            "belady_hit_ratio", "belady_bypass_hit_blocks", "belady_bypass_hit_ratio",
+            "evictions", "rejected_stores", "block_ops", "block_ops_per_second",
+            "wall_seconds", "lookahead",
         }  # fmt: skip
+        assert run["belady_bypass_hit_blocks"] is run["belady_bypass_hit_ratio"] is None
         assert run["capacity_blocks"] == trace["capacities"][0]
         assert run["prefix_hit_ratio"] == run["hit_blocks"] / run["block_accesses"]
         assert run["hit_blocks"] <= run["belady_hit_blocks"]
@@ -136,6 +139,25 @@ def test_cli_replay_lookahead_hints_the_queue_and_only_hkvarc_uses_it() -> None:
             assert ratios[policy, 64] == ratios[policy, 0], policy
     assert ratios["hkvarc", 0] == ratios["kvarc", 0]
     assert ratios["hkvarc", 64] > ratios["kvarc", 64] + 0.01
+
+
+def test_cli_replay_with_hints_bounds_declined_stores_by_belady_with_bypass() -> None:
+    # hkvarc declines stores with hints: at 1% of the synthetic trace it beats
+    # Belady as the replay stores (everything), and stays under Belady with bypass
+    done = kvoffload(
+        "replay", SYNTHETIC, "--capacity", "1%", "--policy", "kvarc,hkvarc", "--lookahead",
+        "128", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = {run["policy"]: run for run in json.loads(done.stdout)["runs"]}
+    hk = runs["hkvarc"]
+    assert hk["belady_hit_blocks"] < hk["hit_blocks"] <= hk["belady_bypass_hit_blocks"]
+    assert runs["kvarc"]["hit_blocks"] <= runs["kvarc"]["belady_hit_blocks"]
+    table = kvoffload(
+        "replay", SYNTHETIC, "--capacity", "1%", "--policy", "hkvarc", "--lookahead", "128"
+    )
+    row = table.stdout.splitlines()[1].split()
+    assert float(row[6]) == round(hk["belady_bypass_hit_ratio"], 4)
 
 
 def test_cli_errors_exit_2_with_one_line() -> None:
