@@ -35,7 +35,7 @@ from lookahead import BASELINE, CAPACITIES, GENERATED, SHARED, load, register_ba
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
 from kvoffload.policies import available_policies
 from kvoffload.policies.arc import B1, B2
-from kvoffload.replay import belady, parse_capacity
+from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
 
 #: next-use distances (requests) the unhinted victims are counted in
 DISTANCES = (128, 512, 2048, 8192)
@@ -52,30 +52,10 @@ def distance_bucket(d: int | None) -> str:
     return f"> {DISTANCES[-1]}"
 
 
-def request_hits(
-    requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, policy: str
-) -> list[int]:
-    """Each request's prefix hits under ``policy`` with a window of ``w``."""
-    m = PolicyOffloadingManager(CPUBackend(16, capacity), policy=policy)
-    window = deque(m.hint(r) for r in requests[:w])
-    hits = []
-    for i, hashes in enumerate(requests):
-        if w:
-            if i + w < len(requests):
-                window.append(m.hint(requests[i + w]))
-            m.unhint(window.popleft())
-        m.touch(hashes)
-        k = m.lookup(hashes)
-        hits.append(k)
-        out = m.prepare_store(hashes[k:])
-        if out is not None:
-            m.complete_store(out.block_hashes_to_store)
-    return hits
-
-
-def losses(requests: Sequence[Sequence[BlockHash]], capacity: int, w: int, policy: str) -> None:
+def losses(trace: ReplayTrace, capacity: int, w: int, policy: str) -> None:
+    requests = trace.block_hashes
     bound = belady(requests, capacity)
-    base = request_hits(requests, capacity, w, BASELINE)
+    base = replay(trace, policy=BASELINE, capacity=capacity, lookahead=w).request_hits
     uses: dict[BlockHash, list[int]] = defaultdict(list)  # the requests using each block
     for i, r in enumerate(requests):
         for h in dict.fromkeys(r):
@@ -181,7 +161,7 @@ def main(argv: Sequence[str]) -> int:
     trace = load(name)
     capacity = parse_capacity(cap, trace.unique_blocks)
     print(f"{name} {cap} ({capacity} blocks), W={w_text}")
-    losses(trace.block_hashes, capacity, int(w_text), policy)
+    losses(trace, capacity, int(w_text), policy)
     return 0
 
 

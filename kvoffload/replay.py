@@ -170,6 +170,8 @@ class ReplayResult:
     wall_seconds: float
     #: requests hinted ahead of the one being served
     lookahead: int = 0
+    #: each request's hits, in trace order (as :class:`BeladyResult`'s)
+    request_hits: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def prefix_hit_ratio(self) -> float:
@@ -234,6 +236,7 @@ def replay(
         elapsed += clock() - start
 
     accesses = hits = evictions = rejected = block_ops = 0
+    request_hits = []
     done = 0
     for i, hashes in enumerate(requests):
         n = len(hashes)
@@ -254,6 +257,7 @@ def replay(
 
         accesses += n
         hits += hit
+        request_hits.append(hit)
         block_ops += 2 * n + len(missing)
         if stored is None:
             rejected += 1
@@ -278,6 +282,7 @@ def replay(
         block_ops=block_ops,
         wall_seconds=elapsed,
         lookahead=lookahead,
+        request_hits=tuple(request_hits),
     )
 
 

@@ -299,6 +299,18 @@ def test_replay_lru_matches_a_reference_simulation(spec: str) -> None:
     assert result.wall_seconds > 0 and result.block_ops_per_second > 0
 
 
+def test_replay_reports_each_requests_hits() -> None:
+    result = replay(trace_of([1, 2], [1, 2, 3], [9, 2], [1, 2, 3]), policy="lru", capacity=100)
+    assert result.request_hits == (0, 2, 0, 3)
+    # with room for everything, any policy hits what Belady hits, request by request
+    ids, trace = conversation_slice(300)
+    everything = trace.unique_blocks
+    for policy in ("lru", "kvarc"):
+        hits = replay(trace, policy=policy, capacity=everything).request_hits
+        assert hits == belady(ids, everything).request_hits
+        assert len(hits) == trace.requests
+
+
 def test_replay_counts_block_operations_and_rejections() -> None:
     trace = trace_of([1, 2], [1, 2, 3])
     result = replay(trace, policy="lru", capacity=10)
