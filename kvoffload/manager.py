@@ -34,6 +34,7 @@ import logging
 from collections.abc import Iterable
 from types import MappingProxyType
 
+from kvoffload import policies
 from kvoffload.abstract import (
     BlockHash,
     LoadStoreSpec,
@@ -349,10 +350,17 @@ class PolicyOffloadingManager(OffloadingManager):
         policy's order (first-evicted first) seeds the new one; ghost history
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
+
+        Switching to the policy in use changes nothing: its lists, ghosts
+        and target stay, no ``policy_switched`` record is logged and
+        the ``policy_switches`` counter does not count it (a retried switch loses no
+        learned state; :meth:`clear` is the reset).
         """
         table = self._table
-        new = create_policy(policy, self.capacity, table)
         old = self._policy
+        if policies.policy_class(policy) is type(old):
+            return old.name
+        new = create_policy(policy, self.capacity, table)
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
         old_counts = old.counters()  # before the table forgets the policy

@@ -77,13 +77,18 @@ def check_version(expected: int | None, current: int) -> None:
 
 def apply_switch(
     manager: PolicyOffloadingManager, command: Command, version: int
-) -> dict[str, str]:
+) -> tuple[dict[str, str], int]:
     """Apply the ``switch_policy`` ``command`` to ``manager`` whose policy is
-    at ``version`` (the caller then counts one more); returns the result's
-    detail. A stale ``expected_version`` raises :class:`VersionConflictError`
-    and an unknown policy :class:`~kvoffload.errors.PolicyError`, changing
+    at ``version``; returns the result's detail and the version after it
+    (one more, or the same when the command names the policy in use, which
+    changes nothing: see
+    :meth:`~kvoffload.manager.PolicyOffloadingManager.switch_policy`). A
+    stale ``expected_version`` raises :class:`VersionConflictError` and an
+    unknown policy :class:`~kvoffload.errors.PolicyError`, changing
     nothing."""
     assert command.kind == "switch_policy" and command.policy is not None, command
     check_version(command.expected_version, version)
+    before = manager.policy
     old = manager.switch_policy(command.policy)
-    return {"from": old, "to": manager.policy_name}
+    switched = manager.policy is not before
+    return {"from": old, "to": manager.policy_name}, version + 1 if switched else version

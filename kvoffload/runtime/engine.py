@@ -304,8 +304,7 @@ class Engine:
         m = self.manager
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
-            detail = apply_switch(m, command, self._policy_version)
-            self._policy_version += 1
+            detail, self._policy_version = apply_switch(m, command, self._policy_version)
         elif command.kind == "pause":
             if self._state == "running":
                 # A paused engine is a quiet one: its loads and stores finish

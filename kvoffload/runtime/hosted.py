@@ -316,8 +316,7 @@ class HostedManager(OffloadingManager):
         m = self.manager
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
-            detail = apply_switch(m, command, self._version)
-            self._version += 1
+            detail, self._version = apply_switch(m, command, self._version)
         else:
             assert command.kind == "reset", command
             detail = {"cpu_blocks_evicted": str(len(m.clear()))}

@@ -166,3 +166,25 @@ def test_switch_resets_the_touch_rules_of_the_old_policy(monkeypatch: pytest.Mon
     m.touch(bhs(1))
     table = m.table
     assert table.keys(0) == bhs(2, 3, 1) and table.size(1) == 0  # LRU order, list 0
+
+
+@pytest.mark.parametrize("policy", ["arc", "kvarc", "hkvarc", "lru"])
+def test_switch_to_the_policy_in_use_changes_nothing(policy: str) -> None:
+    """A retried switch must not wipe what the policy learned (it once
+    re-made the policy: T2, the ghosts and the target were gone)."""
+    from kvoffload.runtime.commands import Command, apply_switch
+
+    m = _busy_manager(policy)
+    m.take_events()
+    old, order = m.policy, m.policy.ordered_items()
+    lists, stats = m.policy.list_sizes(), m.stats()
+    for name in (policy, policy.upper()):
+        assert m.switch_policy(name) == policy
+    assert m.policy is old and m.policy.ordered_items() == order
+    assert m.policy.list_sizes() == lists and m.stats() == stats
+    assert m.take_events() == []
+    # the runtime's command: the version stays too
+    detail, version = apply_switch(m, Command("switch_policy", policy=policy), 4)
+    assert (detail, version) == ({"from": policy, "to": policy}, 4)
+    other = "lru" if policy != "lru" else "arc"
+    assert apply_switch(m, Command("switch_policy", policy=other), 4)[1] == 5
