@@ -129,7 +129,9 @@ def build_app(
     app.state.telemetry_factory = telemetry_factory or setup_telemetry
     # the last added is the outermost: limits first, then the cached reads
     app.add_middleware(CachedReads)
-    app.add_middleware(RequestLimits, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        RequestLimits, max_bytes=settings.max_body_bytes, body_timeout=settings.body_timeout
+    )
     install_error_handlers(app)
     routers = [module.router for module in (cache, policy, events, runtime, health)]
     for router in routers:

@@ -19,6 +19,7 @@ parsed: :class:`GuardedRoute` runs the check of the scope a route declares
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import SecretStr
 
+from app.bodies import check_body
 from app.errors import ApiError
 from app.settings import ENV_PREFIX, Settings
 
@@ -47,6 +49,9 @@ bearer_scheme = HTTPBearer(
 
 _REALM = 'Bearer realm="kvoffload"'
 
+#: query parameter names a client may have put a token in
+_TOKENISH = re.compile(r"token|key|auth|secret|password", re.IGNORECASE)
+
 
 def _unauthorized(code: str, message: str, error: str | None = None) -> ApiError:
     challenge = f'{_REALM}, error="{error}"' if error else _REALM
@@ -55,12 +60,24 @@ def _unauthorized(code: str, message: str, error: str | None = None) -> ApiError
 
 def _presented_token(request: Request) -> str:
     """The bearer token of the request; 401 when absent or malformed."""
-    header = request.headers.get("authorization")
-    if header is None:
+    headers = request.headers.getlist("authorization")
+    if not headers:
+        in_query = (
+            " (in the header: the query string is not read)"
+            if any(_TOKENISH.search(name) for name in request.query_params)
+            else ""
+        )
         raise _unauthorized(
             "missing_token",
-            "this route needs a bearer token: send 'Authorization: Bearer <token>'",
+            f"this route needs a bearer token: send 'Authorization: Bearer <token>'{in_query}",
         )
+    if len(headers) > 1:
+        raise _unauthorized(
+            "malformed_token",
+            "send one Authorization header: this request has several",
+            "invalid_request",
+        )
+    header = headers[0]
     scheme, _, token = header.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
@@ -154,8 +171,10 @@ def _query_names(dependant: Dependant) -> set[str]:
 
 
 def check_query(request: Request, known: set[str]) -> None:
-    """A misspelt query parameter is an error (422), not silently ignored."""
-    unknown = sorted(set(request.query_params) - known)
+    """A misspelt query parameter is an error (422), not silently ignored, and
+    so is one given twice (which would win?)."""
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = sorted(set(names) - known)
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"
         raise ApiError(
@@ -163,15 +182,21 @@ def check_query(request: Request, known: set[str]) -> None:
             "invalid_request",
             f"unknown query parameter {unknown[0]!r}; this route takes: {allowed}",
         )
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ApiError(
+            422, "invalid_request", f"query parameter {twice[0]!r} is given more than once"
+        )
 
 
 class GuardedRoute(APIRoute):
     """A route that decides from the request line and headers, before FastAPI
     reads and parses the body: auth first (an unauthenticated request gets
     401/403, never 400/422 for its body, and its body is never read), then
-    the query's names (an unknown one is 422). Both are plain calls, not
-    dependencies: FastAPI's dependency solving costs more than the checks,
-    and the GIL it holds is the engine's."""
+    the query's names (an unknown one is 422), then, on a route that is not
+    a GET, the body (:func:`app.bodies.check_body`). All are plain calls,
+    not dependencies: FastAPI's dependency solving costs more than the
+    checks, and the GIL it holds is the engine's."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -181,6 +206,8 @@ class GuardedRoute(APIRoute):
         elif uses(self.dependant, require_read):
             guard = check_read
         known = _query_names(self.dependant)
+        reads_body = bool((self.methods or set()) - {"GET", "HEAD"})
+        takes_body = self.body_field is not None
 
         async def guarded(request: Request) -> Response:
             if guard is not None:
@@ -188,6 +215,8 @@ class GuardedRoute(APIRoute):
                 request.scope[_CHECKED] = True
             if request.scope["query_string"]:
                 check_query(request, known)
+            if reads_body:
+                await check_body(request, takes_body)
             return await handler(request)
 
         return guarded

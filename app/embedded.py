@@ -38,6 +38,33 @@ logger = logging.getLogger(__name__)
 KEEP_ALIVE_S = 5
 
 
+#: query parameters whose values the access log shows; every other value is
+#: masked (a client may have put its token in ``?access_token=``)
+_LOGGED_QUERY = frozenset({"after_seq", "limit"})
+
+
+class _MaskQuery(logging.Filter):
+    """Masks the values of unknown query parameters in uvicorn's access log
+    lines (``'%s - "%s %s HTTP/%s" %d'``: the target is the third argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and "?" in str(args[2]):
+            path, _, query = str(args[2]).partition("?")
+            masked = "&".join(
+                part if part.partition("=")[0] in _LOGGED_QUERY else f"{part.partition('=')[0]}=***"
+                for part in query.split("&")
+            )
+            record.args = (*args[:2], f"{path}?{masked}", *args[3:])
+        return True
+
+
+def _mask_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _MaskQuery) for f in access.filters):
+        access.addFilter(_MaskQuery())
+
+
 class StartupError(RuntimeError):
     """The admin server could not start (address in use, unknown host...)."""
 
@@ -111,6 +138,7 @@ def start_admin_server(
         tracer_provider=tracer_provider,
     )
     sock = _listen(settings.host, settings.port)
+    _mask_access_log()
     config = uvicorn.Config(
         build_app(settings, service),
         http=header_timeout_protocol(settings.header_timeout),

@@ -22,6 +22,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.limits import NO_HEAD
 from app.policy_name import UNKNOWN_POLICY
 from kvoffload.errors import KVOffloadError, PolicyError
 from kvoffload.policies import available_policies
@@ -143,7 +144,9 @@ _DESCRIPTIONS: dict[int, str] = {
     403: "The token lacks the scope, or the route is disabled",
     404: "No such resource",
     409: "The policy version changed since it was read, or the target does not support this",
+    408: "The request body did not arrive within the body timeout",
     413: "The request body is larger than the service accepts",
+    415: "The body is not sent as Content-Type: application/json",
     422: "The request failed validation; `issues` or the message say which field and why",
     503: "The engine is not running, or too many event streams are open",
     504: "The engine did not apply the command in time",
@@ -165,6 +168,7 @@ _STATUS_CODES: dict[int, str] = {
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     429: "too_many_requests",
@@ -206,12 +210,18 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         return _malformed_body(issues)
     policy = next((i for i in issues if i["type"] == UNKNOWN_POLICY), None)
     if policy is not None:
-        return await _api_error(request, unknown_policy(policy["msg"]))
+        # the policy's message first; the other fields' problems after it
+        others = [i for i in issues if i is not policy]
+        message = policy["msg"] + (f"; also: {_issues_text(others)}" if others else "")
+        error = unknown_policy(message)
+        return error_json(422, error.code, message, issues=issues, **error.extra)
     summary = "the request does not match the API schema"
-    detail = "; ".join(_issue_text(i) for i in issues[:5])
-    if len(issues) > 5:
-        detail += f"; and {len(issues) - 5} more"
-    return error_json(422, "invalid_request", f"{summary}: {detail}", issues=issues)
+    return error_json(422, "invalid_request", f"{summary}: {_issues_text(issues)}", issues=issues)
+
+
+def _issues_text(issues: list[dict[str, Any]]) -> str:
+    text = "; ".join(_issue_text(i) for i in issues[:5])
+    return text + (f"; and {len(issues) - 5} more" if len(issues) > 5 else "")
 
 
 def _malformed_body(issues: list[dict[str, Any]] | None = None) -> JSONResponse:
@@ -254,6 +264,8 @@ def _allowed_methods(request: Request) -> list[str]:
     for route in routes:
         if route.path_regex.match(request.url.path):
             methods.update(route.methods or ())
+    if "GET" in methods and request.url.path not in NO_HEAD:
+        methods.add("HEAD")  # app.limits answers it
     return sorted(methods)
 
 

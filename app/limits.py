@@ -1,20 +1,24 @@
 """Limits a public service needs, below the routes: request paths routed as
-written, a cap on request bodies and a deadline for a request's line and
-headers.
+written, a cap on request bodies and deadlines for a request's line and
+headers, and for its body (and HEAD, answered as GET without a body).
 
 - :class:`RequestLimits` (ASGI middleware): a path that decodes to control
   characters (``%00``, ``%0a``) names no route: 404 (Starlette's route
   patterns end in ``$``, which matches before a final newline, so
   ``/v1/cache%0a`` would reach ``/v1/cache``). A ``Content-Length`` above the cap is
   answered 413 before anything is read; a chunked body is counted as it is
-  read and refused (413) once it passes the cap. An answer sent before the
-  body was read to its end (a 401, a 404, a 413) closes the connection, so
-  the server does not go on receiving a body nobody wants.
+  read and refused (413) once it passes the cap. A body not in within
+  ``body_timeout`` seconds of the headers is answered 408 (a client
+  trickling a byte at a time holds a connection, and shutdown, no longer
+  than that). An answer sent before the body was read to its end (a 401, a
+  404, a 408, a 413) closes the connection, so the server does not go on
+  receiving a body nobody wants.
 - :func:`header_timeout_protocol`: uvicorn's httptools protocol, closing a
   connection whose request line and headers have not all arrived within the
   deadline (a client trickling one header line at a time holds nothing for
   long). The clock starts when the connection opens, and again when an
-  answer is complete and the connection waits for its next request.
+  answer is complete and the connection waits for its next request. What
+  its parser refuses as HTTP is answered 400 in the API's error shape.
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["RequestLimits", "header_timeout_protocol"]
+__all__ = ["NO_HEAD", "RequestLimits", "header_timeout_protocol"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+#: GET routes without HEAD: an event stream does not end, so neither would
+#: its HEAD
+NO_HEAD = frozenset({"/v1/events/stream"})
 
 
 def _too_large(limit: int) -> str:
@@ -39,16 +47,22 @@ def _too_large(limit: int) -> str:
 
 class RequestLimits:
     """404 for paths with control characters; 413 ``payload_too_large`` for
-    request bodies over ``max_bytes``."""
+    request bodies over ``max_bytes``; 408 ``request_timeout`` for a body
+    still arriving ``body_timeout`` seconds after the headers."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["method"] == "HEAD" and scope["path"] not in NO_HEAD:
+            # HEAD is GET without the body (RFC 9110, 9.3.2): the routes see a
+            # GET, and the HTTP server, whose scope still says HEAD, sends no body
+            scope = {**scope, "method": "GET"}
         if _CONTROL.search(scope["path"]):
             path = json.dumps(scope["path"])
             await _answer(send, 404, "not_found", f"no route {path}; see /docs for the routes")
@@ -63,13 +77,22 @@ class RequestLimits:
         if length is not None and length > self.max_bytes:
             await _answer(send, 413, "payload_too_large", _too_large(self.max_bytes))
             return
-        limit = self.max_bytes
+        limit, timeout = self.max_bytes, self.body_timeout
         unread = chunked or bool(length)
         received = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
 
         async def counted_receive() -> Message:
             nonlocal received, unread
-            message = await receive()
+            if not unread:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except TimeoutError:
+                raise HTTPException(
+                    408, f"the request body did not arrive within {timeout:g} s; send it at once"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
@@ -153,5 +176,24 @@ def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
 
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
+
+        def send_400_response(self, msg: str) -> None:
+            # what the HTTP parser refuses (a bad request line, two
+            # Content-Lengths, bare LF line ends) gets the API's error shape
+            # too, not uvicorn's text/plain
+            body = json.dumps(
+                {
+                    "error": {
+                        "code": "bad_request",
+                        "message": "the request is not valid HTTP/1.1 (request line, "
+                        "headers or framing); the connection closes",
+                    }
+                }
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+            self.transport.close()
 
     return HeaderTimeoutProtocol

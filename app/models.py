@@ -8,11 +8,13 @@ is an error, not a silent no-op.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from app.policy_name import PolicyName
 from kvoffload.event_log import EventKind, EventLogStats, EventRecord
@@ -58,7 +60,28 @@ def _json_integer(value: object) -> object:
     """Let an integer field take what JSON Schema calls an integer (3, 3.0) and
     nothing else: lax pydantic would also take true and "3"."""
     if isinstance(value, bool | str):
-        raise ValueError("Input should be a valid integer")
+        raise PydanticCustomError(
+            "int_type",
+            "Input should be a valid integer, not {kind}",
+            {"kind": "a boolean" if isinstance(value, bool) else "a string"},
+        )
+    return value
+
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+
+
+def decimal_text(value: object) -> object:
+    """A query parameter or header that is an integer: its text is the
+    digits of one, and nothing else (lax pydantic would also take ``+1``,
+    ``1_0``, `` 1``, ``01`` and ``1.0``)."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        shown = repr(value) if len(value) <= 32 else f"{value[:32]!r}..."
+        raise PydanticCustomError(
+            "int_parsing",
+            "Input should be a decimal integer, digits only (such as 100), not {value}",
+            {"value": shown},
+        )
     return value
 
 
@@ -162,8 +185,9 @@ class EventLogView(_Response):
     )
     drained: int = Field(description="records removed by drains")
     missed: int = Field(
-        description="records readers asked for after their cursor that were already gone "
-        "(overwritten or drained), summed over the answers: a consumer is losing records"
+        description="records readers asked for after a cursor > 0 that were already gone "
+        "(overwritten or drained), summed over the answers (a read from 0, the oldest kept, "
+        "misses nothing): a consumer is losing records"
     )
     buffered: int = Field(description="records in the ring now")
     capacity: int = Field(description="records the ring holds")
@@ -271,7 +295,11 @@ class CacheView(_Response):
 class ResetRequest(_Request):
     """Reset evicts every resident block that is not in use; say you mean it."""
 
+    # required in the schema; absent, the route answers confirmation_required
+    model_config = ConfigDict(json_schema_extra={"required": ["confirm"]})
+
     confirm: bool = Field(
+        False,
         description="must be true: reset drops the cached blocks",
         json_schema_extra={"const": True},
     )

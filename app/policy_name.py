@@ -1,10 +1,12 @@
-"""The eviction policy name, validated and normalised in one place.
+"""The eviction policy name, validated in one place.
 
-:data:`PolicyName` is what the settings (``KVOFFLOAD_POLICY``, ``--policy``)
-and the request bodies (``PUT /v1/policy``, ``POST /v1/policy:validate``)
-declare: surrounding whitespace and case are dropped, and a name that no
-registered policy has fails with the error type ``unknown_policy``, which the
-API answers as 422 ``unknown_policy`` with the valid names.
+:data:`PolicyName` is what the request bodies (``PUT /v1/policy``,
+``POST /v1/policy:validate``) declare: exactly one of the registered names
+(the OpenAPI schema's enum), or the error type ``unknown_policy``, which the
+API answers as 422 ``unknown_policy`` with the valid names. Nothing is fixed
+up: ``" ARC "`` is refused, with a hint at ``'arc'``. The settings
+(``KVOFFLOAD_POLICY``, ``--policy``), typed by a person, take any case
+(:data:`SettingsPolicyName`).
 """
 
 from __future__ import annotations
@@ -16,25 +18,33 @@ from pydantic_core import PydanticCustomError
 
 from kvoffload.policies import available_policies
 
-__all__ = ["UNKNOWN_POLICY", "PolicyName"]
+__all__ = ["UNKNOWN_POLICY", "PolicyName", "SettingsPolicyName"]
 
 #: the pydantic error type of a name no registered policy has
 UNKNOWN_POLICY = "unknown_policy"
 
-
-def _normalise(value: object) -> object:
-    return value.strip().lower() if isinstance(value, str) else value
+#: longer names are refused before they are looked at
+_MAX_LENGTH = 64
 
 
 def _registered(value: str) -> str:
     valid = available_policies()
     if value not in valid:
+        near = value.strip().lower()
+        hint = f" (names are lower case, without spaces: {near!r}?)" if near in valid else ""
+        # The name goes into the context as its repr: pydantic renders the
+        # message in Rust, which refuses a lone surrogate ('\ud800') of the
+        # raw string, and the repr escapes it.
         raise PydanticCustomError(
             UNKNOWN_POLICY,
-            "unknown eviction policy {policy!r}; valid policies: {valid}",
-            {"policy": value, "valid": ", ".join(valid)},
+            "unknown eviction policy {policy}; valid policies: {valid}{hint}",
+            {"policy": repr(value), "valid": ", ".join(valid), "hint": hint},
         )
     return value
+
+
+def _lower(value: object) -> object:
+    return value.strip().lower() if isinstance(value, str) else value
 
 
 def _schema(schema: dict[str, Any]) -> None:
@@ -44,7 +54,14 @@ def _schema(schema: dict[str, Any]) -> None:
 
 PolicyName = Annotated[
     str,
-    BeforeValidator(_normalise),
-    Field(max_length=64, examples=["arc"], json_schema_extra=_schema),
+    Field(max_length=_MAX_LENGTH, examples=["arc"], json_schema_extra=_schema),
+    AfterValidator(_registered),
+]
+
+#: a setting's policy: surrounding spaces and case dropped (as ``--log-level``'s)
+SettingsPolicyName = Annotated[
+    str,
+    Field(max_length=_MAX_LENGTH),
+    BeforeValidator(_lower),
     AfterValidator(_registered),
 ]

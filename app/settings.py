@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.policy_name import PolicyName
+from app.policy_name import SettingsPolicyName
 from kvoffload.policies import available_policies
 
 __all__ = ["ENV_PREFIX", "RENAMED", "LogLevel", "Settings", "env_name", "flag_name", "is_loopback"]
@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     )
 
     # -- cache and engine ----------------------------------------------------
-    policy: PolicyName = Field(
+    policy: SettingsPolicyName = Field(
         default="lru",
         description=f"eviction policy at start: {', '.join(available_policies())}",
     )
@@ -182,6 +182,13 @@ class Settings(BaseSettings):
         le=3600.0,
         description="seconds a client may take to send a request's line and headers "
         "before the connection is closed",
+    )
+    body_timeout: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds a client may take to send a request's body, once its headers "
+        "are in, before it is answered 408 and the connection is closed",
     )
     max_event_streams: int = Field(
         default=64,

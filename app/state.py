@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -18,6 +20,11 @@ from kvoffload.instrumentation.prometheus import PrometheusObserver
 from kvoffload.runtime.snapshot import EngineSnapshot
 
 __all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots", "View"]
+
+#: records an answer renders on the event loop; more go to a worker thread
+RENDER_INLINE = 100
+#: worker threads rendering large answers at once
+RENDER_THREADS = 2
 
 
 #: what a read answers from: the target's latest snapshot and the event log's
@@ -129,9 +136,24 @@ class ServiceState:
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
     metrics_body: MetricsCache = field(default_factory=MetricsCache)
     streams: StreamSlots = field(init=False)
+    #: large answers rendered at once in worker threads (see :meth:`render`)
+    renders: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RENDER_THREADS))
 
     def __post_init__(self) -> None:
         self.streams = StreamSlots(self.settings.max_event_streams)
+
+    async def render(self, build: Callable[[], bytes], records: int) -> bytes:
+        """``build()``, inline for a few records, else in a worker thread, at
+        most :data:`RENDER_THREADS` at once. A page of 10,000 events takes a
+        tenth of a second or more of Python: run on the event loop, every
+        other request (``/livez`` too) would wait for it, and many readers at
+        once held the loop for seconds. In a thread the loop gets the GIL
+        between its slices, and a slow reader waits for a render slot instead
+        of taking the threads commands need."""
+        if records <= RENDER_INLINE:
+            return build()
+        async with self.renders:
+            return await asyncio.to_thread(build)
 
     def view(self) -> View:
         """The target's latest snapshot and the event log's counts now: the

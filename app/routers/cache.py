@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Response
+from pydantic.json_schema import SkipJsonSchema
 
 from app.auth import GuardedRoute
 from app.cached_reads import CACHE_MEDIA_TYPE
@@ -36,10 +39,16 @@ async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
     summary="Evict every resident block not in use and forget the policy's ghosts",
     description='Destructive: the body must be `{"confirm": true}`. Pinned blocks and '
     "stores in flight are kept; counters continue.",
-    responses=error_responses(400, 401, 403, 413, 422, 503, 504),
+    responses=error_responses(400, 401, 403, 408, 413, 415, 422, 503, 504),
+    # required, as the schema says; without one the answer is confirmation_required
+    openapi_extra={"requestBody": {"required": True}},
 )
-async def reset_cache(body: ResetRequest, _: AdminAccess, service: ServiceDep) -> CommandView:
-    if body.confirm is not True:
+async def reset_cache(
+    _: AdminAccess,
+    service: ServiceDep,
+    body: Annotated[ResetRequest | SkipJsonSchema[None], Body()] = None,
+) -> CommandView:
+    if body is None or body.confirm is not True:
         raise ApiError(
             422,
             "confirmation_required",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query
-from pydantic import Field
+from fastapi import APIRouter, Body, Header, Query, Response
+from pydantic import BeforeValidator, Field
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
@@ -22,9 +24,10 @@ from app.models import (
     DrainResult,
     EventPageView,
     EventView,
+    decimal_text,
 )
 from app.state import ServiceState, StreamSlots
-from kvoffload.event_log import EVENT_KINDS, EventLog
+from kvoffload.event_log import EVENT_KINDS, EventLog, EventRecord
 
 __all__ = ["router"]
 
@@ -75,9 +78,29 @@ AfterSeq = Annotated[
     Query(
         ge=0, le=MAX_SEQ, description="return records with seq > after_seq (0 = from the oldest)"
     ),
+    BeforeValidator(decimal_text),
 ]
+
+
+def _cursor(value: object) -> object:
+    # the whole check here, so that a bad cursor is one error, not one per
+    # member of the union below
+    value = decimal_text(value)
+    if isinstance(value, str) and not 0 <= int(value) <= MAX_SEQ:
+        raise PydanticCustomError(
+            "less_than_equal", "Input should be at most {max} (2**53 - 1)", {"max": MAX_SEQ}
+        )
+    return value
+
+
+def _blank_is_none(value: object) -> object:
+    # `Last-Event-ID:` with nothing after it names no record: resume from nothing
+    return None if value == "" else value
+
+
 #: a cursor the stream may start from (its absence means the live tail)
 _Cursor = Annotated[int, Field(ge=0, le=MAX_SEQ)]
+_OptionalCursor = Annotated[_Cursor | SkipJsonSchema[None], BeforeValidator(_cursor)]
 #: seconds a client is asked to wait when every stream slot is taken
 STREAMS_FULL_RETRY_AFTER = 5
 
@@ -93,20 +116,37 @@ STREAMS_FULL_RETRY_AFTER = 5
 )
 async def read_events(
     _: ReadAccess,
+    service: ServiceDep,
     log: EventLogDep,
     after_seq: AfterSeq = 0,
     limit: Annotated[
         int,
         Query(ge=1, le=MAX_EVENTS_LIMIT, description=f"at most {MAX_EVENTS_LIMIT}"),
+        BeforeValidator(decimal_text),
     ] = 1000,
-) -> EventPageView:
-    page = log.read(after_seq, limit)
-    return EventPageView(
-        events=[EventView.from_record(r) for r in page.records],
-        missed=page.missed,
-        next_after_seq=page.next_after_seq,
-        last_seq=log.last_seq,
-    )
+) -> Response:
+    last = log.last_seq
+    if after_seq > last:
+        raise ApiError(
+            409,
+            "cursor_ahead",
+            f"after_seq {after_seq} is ahead of the log, whose newest seq is {last} (a cursor "
+            "from before the service restarted?); read again from after_seq=0 (the oldest "
+            f"records kept) or {last} (new ones only)",
+            last_seq=last,
+        )
+
+    def page_json() -> bytes:
+        page = log.read(after_seq, limit)
+        view = EventPageView(
+            events=[EventView.from_record(r) for r in page.records],
+            missed=page.missed,
+            next_after_seq=page.next_after_seq,
+            last_seq=log.last_seq,
+        )
+        return view.model_dump_json().encode()
+
+    return Response(await service.render(page_json, limit), media_type="application/json")
 
 
 @router.post(
@@ -121,8 +161,8 @@ async def drain_events(
     _: AdminAccess,
     service: ServiceDep,
     log: EventLogDep,
-    body: Annotated[DrainRequest | None, Body()] = None,
-) -> DrainResult:
+    body: Annotated[DrainRequest | SkipJsonSchema[None], Body()] = None,
+) -> Response:
     limit = body.limit if body is not None else MAX_EVENTS_LIMIT
     with service.tracer.start_as_current_span(
         "kvoffload.admin.drain_events",
@@ -132,7 +172,13 @@ async def drain_events(
         span.set_attributes(
             {"kvoffload.admin.outcome": "applied", "kvoffload.events.drained": len(records)}
         )
-    return DrainResult(events=[EventView.from_record(r) for r in records], remaining=len(log))
+    remaining = len(log)
+
+    def result_json() -> bytes:
+        views = [EventView.from_record(r) for r in records]
+        return DrainResult(events=views, remaining=remaining).model_dump_json().encode()
+
+    return Response(await service.render(result_json, len(records)), media_type="application/json")
 
 
 @router.get(
@@ -161,7 +207,7 @@ async def stream_events(
     log: EventLogDep,
     # SkipJsonSchema: "absent" is not a value a client can send as null
     after_seq: Annotated[
-        _Cursor | SkipJsonSchema[None],
+        _OptionalCursor,
         Query(
             description="send records with seq > after_seq (default: from the live tail)",
         ),
@@ -169,9 +215,11 @@ async def stream_events(
     limit: Annotated[
         int,
         Query(ge=1, le=MAX_SEQ, description="end the stream after this many records"),
+        BeforeValidator(decimal_text),
     ] = MAX_SEQ,
     last_event_id: Annotated[
-        _Cursor | SkipJsonSchema[None],
+        _OptionalCursor,
+        BeforeValidator(_blank_is_none),
         Header(
             alias="Last-Event-ID",
             description="the seq of the last record received; resume after it",
@@ -220,6 +268,10 @@ def _record_event(view: EventView) -> str:
     return f"id: {view.seq}\nevent: {view.kind}\ndata: {view.model_dump_json()}\n\n"
 
 
+def _records_sse(records: Sequence[EventRecord]) -> bytes:
+    return "".join(_record_event(EventView.from_record(r)) for r in records).encode()
+
+
 def _missed_event(missed: int, cursor: int, skipped: int = 0) -> str:
     extra = f', "skipped": {skipped}' if skipped else ""
     return f'event: missed\ndata: {{"missed": {missed}, "after_seq": {cursor}{extra}}}\n\n'
@@ -251,13 +303,14 @@ async def _sse(
         if log.last_seq > cursor:
             batch = min(_STREAM_BATCH, remaining)
             page = log.read(cursor, batch)
-            chunk = [_missed_event(page.missed, cursor)] if page.missed else []
-            chunk.extend(_record_event(EventView.from_record(r)) for r in page.records)
+            chunk = _missed_event(page.missed, cursor) if page.missed else ""
+            records = page.records
             cursor = page.next_after_seq
-            remaining -= len(page.records)
-            behind = len(page.records) == batch
-            if chunk:
-                yield "".join(chunk).encode()
+            remaining -= len(records)
+            behind = len(records) == batch
+            if chunk or records:
+                events = functools.partial(_records_sse, records)
+                yield chunk.encode() + await service.render(events, len(records))
         if stopped and (service.stopping.is_set() or log.last_seq <= cursor):
             # Shutting down: end now. Engine stopped: end once caught up.
             return
