@@ -53,20 +53,24 @@ RUN mkdir -p kvoffload app \
 # The source (see .dockerignore for what stays out). The C block table
 # (kvoffload/_table.c) needs a compiler at build time only; the build fails if
 # the extension did not build (pip would fall back to the slower pure-Python
-# table).
+# table). The check imports the installed package: `-P` keeps /src, whose
+# kvoffload/ has no built extension, off the import path.
 COPY . .
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-deps . \
-    && python -c "import kvoffload._table" \
+    && python -P -c "import kvoffload._table" \
     && apt-get purge -y --auto-remove gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* /src/*
 
 USER 10001:10001
 WORKDIR /home/kvoffload
-ENV KVOFFLOAD_PORT=8000
+# all interfaces, as a container must (the port mapping decides who reaches
+# it); set in the environment, not as a flag, so `-e KVOFFLOAD_HOST=...` still wins
+ENV KVOFFLOAD_HOST=0.0.0.0 \
+    KVOFFLOAD_PORT=8000
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/livez' % os.environ.get('KVOFFLOAD_PORT', '8000'), timeout=4)"]
-CMD ["kvoffload", "serve", "--host", "0.0.0.0"]
+CMD ["kvoffload", "serve"]

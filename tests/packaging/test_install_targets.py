@@ -198,3 +198,24 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.5)
     return None
+
+
+def test_install_script_passes_the_torch_words_to_pip(tmp_path: Path) -> None:
+    """`KVOFFLOAD_TORCH` is what pip is asked for, pip options included (the
+    README's CPU index line): here `--dry-run`, so torch is resolved and not
+    installed. Quoted as one word, pip would refuse it as a requirement."""
+    src = _source_copy(tmp_path / "src")
+    done = subprocess.run(
+        ["scripts/install", "prometheus"],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        env=_clean_env(KVOFFLOAD_TORCH=f"{TORCH} --dry-run"),
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    probe = "import importlib.util as u, kvoffload; print(u.find_spec('torch') is None)"
+    python = src / ".venv" / "bin" / "python"
+    answer = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert answer.stdout.split() == ["True"], answer.stderr

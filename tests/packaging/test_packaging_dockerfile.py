@@ -8,7 +8,11 @@ non-root user, with a health check on /livez that needs no curl.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,11 +150,47 @@ def test_healthcheck_probes_livez_with_python(instructions: list[Instruction]) -
 
 def test_serves_on_port_8000_on_all_interfaces(instructions: list[Instruction]) -> None:
     assert instructions[_index(instructions, "EXPOSE", ".")].args == "8000"
-    cmd = json.loads(instructions[_index(instructions, "CMD", ".")].args)
-    assert cmd[:2] == ["kvoffload", "serve"]
-    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
-    port = next(i.args for i in instructions if i.keyword == "ENV" and "KVOFFLOAD_PORT" in i.args)
-    assert port == "KVOFFLOAD_PORT=8000"
+    # no flags: they would beat `docker run -e KVOFFLOAD_HOST=...` (flags win
+    # over variables), and the command once passed --host
+    assert json.loads(instructions[_index(instructions, "CMD", ".")].args) == ["kvoffload", "serve"]
+    env = next(i.args for i in instructions if i.keyword == "ENV" and "KVOFFLOAD_PORT" in i.args)
+    assert env.split() == ["KVOFFLOAD_HOST=0.0.0.0", "KVOFFLOAD_PORT=8000"]
+
+
+def test_the_extension_check_imports_the_installed_package(
+    instructions: list[Instruction], tmp_path: Path
+) -> None:
+    """The build's check runs in /src, whose kvoffload/ has no built
+    extension: with the working directory first on the import path it found
+    that copy and failed every build. Run here as written, in a folder laid
+    out as /src, with an installed package beside it (``-S`` keeps this
+    environment's editable install, whose finder wins over the path, out)."""
+    build = next(
+        i.args for i in instructions if i.keyword == "RUN" and "kvoffload._table" in i.args
+    )
+    check = re.search(r'(python[^&]*"import kvoffload._table")', build)
+    assert check is not None, build
+    argv = shlex.split(check.group(1))
+    src, site = tmp_path / "src", tmp_path / "site-packages"
+    (src / "kvoffload").mkdir(parents=True)
+    (src / "kvoffload" / "__init__.py").write_text("")  # the source, unbuilt
+    (site / "kvoffload").mkdir(parents=True)
+    (site / "kvoffload" / "__init__.py").write_text("")
+    (site / "kvoffload" / "_table.py").write_text("")  # the built extension, installed
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-S", *args],
+            cwd=src,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    assert run(*argv[1:]).returncode == 0, run(*argv[1:]).stderr
+    assert run("-c", "import kvoffload._table").returncode != 0  # the check as it was
 
 
 def test_every_copy_source_exists_in_the_build_context(

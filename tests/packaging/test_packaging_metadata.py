@@ -73,3 +73,12 @@ def _assigns_a_version_literal(path: Path) -> bool:
             if named and isinstance(node.value, ast.Constant):
                 return True
     return False
+
+
+def test_the_license_the_metadata_names_ships_with_the_source(project: dict[str, Any]) -> None:
+    # pyproject.toml said Apache-2.0 while no LICENSE file existed
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["project"]["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0")
+    assert "END OF TERMS AND CONDITIONS" in text
