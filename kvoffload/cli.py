@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+#: the statuses a shell gives a command killed by SIGINT and SIGPIPE
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
 
 
@@ -89,7 +92,8 @@ def _build_parser() -> _Parser:
         type=_positive_int,
         default=DEFAULT_TRACE_BLOCK_SIZE,
         metavar="TOKENS",
-        help=f"tokens per trace block id (default {DEFAULT_TRACE_BLOCK_SIZE})",
+        help=f"tokens per trace block id (default {DEFAULT_TRACE_BLOCK_SIZE}); the replay "
+        "counts blocks, one per id, so this only labels the --json output",
     )
     replay.add_argument(
         "--lookahead",
@@ -193,14 +197,24 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         try:
             importlib.import_module(module)
         except Exception as exc:  # any failure of user code: one clear line
-            raise UsageError(f"cannot import {module!r}: {type(exc).__name__}: {exc}") from exc
+            hint = (
+                " (it must be importable: installed, or on PYTHONPATH, e.g. PYTHONPATH=. for "
+                "the current folder, which the kvoffload command does not search)"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]
+                else ""
+            )
+            raise UsageError(
+                f"cannot import {module!r}: {type(exc).__name__}: {exc}{hint}"
+            ) from exc
     valid = available_policies()
     policies = list(valid) if args.policy is None else _split(args.policy.lower(), "policy")
     unknown = [p for p in policies if p not in valid]
     if unknown:
         raise UsageError(f"unknown policy {unknown[0]!r}; valid policies: {', '.join(valid)}")
     capacity_specs = _split(args.capacity, "capacity")
-    for path in args.traces:
+    for path in args.traces:  # all of them, before loading any
+        if Path(path).is_dir():
+            raise UsageError(f"trace path is a directory, not a file: {path}")
         if not Path(path).is_file():
             raise UsageError(f"trace file not found: {path}")
 
@@ -214,6 +228,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             workload, name=workload.name, trace_block_size=args.trace_block_size
         )
         unique = trace.unique_blocks
+        if not unique:
+            raise UsageError(f"{path}: no blocks to replay (every request's hash_ids is empty)")
         capacities = [parse_capacity(spec, unique) for spec in capacity_specs]
         traces.append((trace, unique, capacities))
 
@@ -420,6 +436,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # one line: the messages name file/line/field where that applies
         sys.stderr.write(f"{prog}: error: {exc}\n")
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        sys.stderr.write(f"\n{prog}: interrupted\n")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, as other tools do;
+        # stdout to /dev/null so that flushing it at exit raises nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

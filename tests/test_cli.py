@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -204,6 +206,72 @@ def test_cli_bad_arguments_give_one_line(
     assert (status, out) == (2, "")
     assert err.count("\n") == 1
     assert expected in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "no requests (the file is empty or only blank lines)"),
+        ("\n  \n\n", "no requests (the file is empty or only blank lines)"),
+        (
+            '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}\n',
+            "no blocks to replay (every request's hash_ids is empty)",
+        ),
+    ],
+)
+def test_cli_a_trace_with_nothing_to_replay_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    # once "capacity '1%' of 0 unique blocks is less than one block", or with
+    # a block count a table of zeros and status 0
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(content)
+    for capacity in ([], ["--capacity", "10"]):
+        status, out, err = run_main(["replay", str(trace), *capacity], capsys)
+        assert (status, out) == (2, "")
+        assert err == f"kvoffload replay: error: {trace}: {expected}\n"
+
+
+def test_cli_a_directory_is_not_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_main(["replay", str(tmp_path)], capsys)
+    assert status == 2
+    assert err == f"kvoffload replay: error: trace path is a directory, not a file: {tmp_path}\n"
+
+
+def test_cli_import_of_a_module_not_on_the_path_says_how(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run_main(["replay", SYNTHETIC, "--import", "no_such_module_xyz"], capsys)
+    assert status == 2 and "PYTHONPATH=. for the current folder" in err
+
+
+def test_cli_stops_quietly_when_its_reader_goes_away() -> None:
+    # `kvoffload replay ... | head -1`: once a BrokenPipeError traceback
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload.cli", "replay", SYNTHETIC, "--json", "--limit", "300",
+         "--capacity", ",".join(f"{n}" for n in range(1, 400))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the answer is written
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(120) == 141, err
+    assert err == ""
+
+
+def test_cli_ctrl_c_is_one_line_and_status_130() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvoffload.cli", "replay", SYNTHETIC, CONVERSATION],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, text=True,
+    )  # fmt: skip
+    time.sleep(3)  # loaded, replaying
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert (out, err) == ("", "\nkvoffload replay: interrupted\n")
 
 
 def test_cli_malformed_trace_names_the_line(

@@ -90,10 +90,10 @@ def load_mooncake_trace(
     first ``limit`` requests (the rest of the file is not read). Blank lines
     are skipped.
 
-    Raises :class:`WorkloadError` when the file is missing or unreadable, or
-    a line is not a JSON object with the four fields of the right types
-    (message: file, 1-based line number, field, what was expected), or
-    timestamps decrease.
+    Raises :class:`WorkloadError` when the file is missing or unreadable,
+    holds no request, or a line is not a JSON object with the four fields of
+    the right types (message: file, 1-based line number, field, what was
+    expected), or timestamps decrease.
     """
     if trace_block_size <= 0:
         raise WorkloadError(f"trace_block_size must be positive, got {trace_block_size}")
@@ -127,6 +127,8 @@ def load_mooncake_trace(
         raise WorkloadError(f"{trace}: not a UTF-8 text file ({exc.reason})") from None
     except OSError as exc:
         raise WorkloadError(f"cannot read trace file {trace}: {exc.strerror}") from None
+    if not requests and limit != 0:
+        raise WorkloadError(f"{trace}: no requests (the file is empty or only blank lines)")
     return TraceWorkload(requests, name=trace.name, trace_block_size=trace_block_size)
 
 

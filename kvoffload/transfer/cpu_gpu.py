@@ -173,11 +173,18 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
             "none" if limit is None else f"{limit / 2**30:.3f} GiB",
         )
         if limit is not None and self.cpu_mirror_bytes > limit:
+            default = (
+                f" (by default {DEFAULT_RAM_FRACTION:.0%} of this machine's memory)"
+                if max_cpu_bytes == "auto"
+                else ""
+            )
             raise ConfigError(
                 f"the CPU mirror needs {self.cpu_mirror_bytes} bytes "
                 f"({num_cpu_blocks} CPU blocks x {self.block_size_factor} x "
-                f"{self.gpu_block_bytes} bytes per GPU block), above max_cpu_bytes={limit}; "
-                "lower num_cpu_blocks or raise max_cpu_bytes"
+                f"{self.gpu_block_bytes} bytes per GPU block), above "
+                f"max_cpu_bytes={limit}{default}; lower the CPU blocks (kvoffload serve: "
+                "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS; vLLM: num_cpu_blocks), or pass "
+                "the handler a larger max_cpu_bytes"
             )
 
         pin = self.is_cuda if pin_memory is None else pin_memory

@@ -106,6 +106,8 @@ def test_bad_settings_exit_2_with_a_clear_line(
     ("argv", "fragment"),
     [
         (["--workload", "/no/such/trace.jsonl"], "trace file not found: /no/such/trace.jsonl"),
+        # once served, logging "0 requests ... looped endlessly"
+        (["--workload", "/dev/null"], "/dev/null: no requests (the file is empty"),
         (["--gpu-block-size", "48"], "must be a multiple of gpu_block_size (48)"),
         (["--device", "cuda:7"], "device 'cuda:7' is not available"),
         (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda[:n]'"),

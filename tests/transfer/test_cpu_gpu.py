@@ -342,8 +342,13 @@ def test_cpu_gpu_default_limit_is_a_fraction_of_ram() -> None:
     if limit is not None:
         # A mirror of 100 TB exceeds any machine's default.
         huge = {"a": torch.empty((1, 1 << 20), dtype=torch.uint8)}
-        with pytest.raises(ConfigError, match="above max_cpu_bytes"):
+        with pytest.raises(ConfigError, match="above max_cpu_bytes") as raised:
             CpuGpuOffloadingHandler(16, 16, 100_000_000, huge)
+        # the names a user can act on (the message once named only a Python
+        # argument that `kvoffload serve` has no flag for)
+        message = str(raised.value)
+        assert "80% of this machine's memory" in message and "--num-cpu-blocks" in message
+        assert "vLLM: num_cpu_blocks" in message
 
 
 def test_cpu_gpu_ambiguous_layout_is_a_config_error() -> None:
