@@ -33,6 +33,10 @@ import pytest
 from dashboard_queries import GRAFANA_BUILTINS
 
 ADMIN_TOKEN = "dashboard-test-admin-token"
+#: reads closed, as an operator who sets KVOFFLOAD_READ_TOKEN has them: Prometheus
+#: scrapes with it the way deploy/prometheus/prometheus.yml says (credentials_file)
+READ_TOKEN = "dashboard-test-read-token"
+READ_HEADERS = {"Authorization": f"Bearer {READ_TOKEN}"}
 JOB = "kvoffload-dashboard-test"
 
 
@@ -165,7 +169,7 @@ def _start_service(workdir: Path) -> _Process:
         "KVOFFLOAD_DEVICE": "cpu",
         "KVOFFLOAD_SPEED": "0",  # full speed: every panel has data within seconds
     }
-    env.pop("KVOFFLOAD_READ_TOKEN", None)  # Prometheus scrapes without a token
+    env["KVOFFLOAD_READ_TOKEN"] = READ_TOKEN
     code = "import sys; from kvoffload.cli import main; sys.exit(main())"
     argv = [sys.executable, "-c", code, "serve", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
@@ -181,7 +185,13 @@ def _start_prometheus(workdir: Path, target: str) -> _Process:
             pytrace=False,
         )
     config = workdir / "prometheus.yml"
-    scrape = {"job_name": JOB, "static_configs": [{"targets": [target]}]}
+    token = workdir / "read-token"
+    token.write_text(READ_TOKEN)
+    scrape = {
+        "job_name": JOB,
+        "static_configs": [{"targets": [target]}],
+        "authorization": {"credentials_file": str(token)},
+    }
     global_ = {"scrape_interval": "1s", "scrape_timeout": "1s"}
     config.write_text(json.dumps({"global": global_, "scrape_configs": [scrape]}))  # JSON is YAML
     port = _free_port()

@@ -17,14 +17,15 @@ from typing import Any
 
 import yaml
 from dashboard_queries import DEPLOY_DIR, METRIC_NAME, PanelQuery, substitute
-from live_stack import LiveStack, Sent, get_json
+from live_stack import READ_HEADERS, LiveStack, Sent, get_json
 from prometheus_client.parser import text_string_to_metric_families
 
 _LABEL_VALUES = re.compile(r"label_values\((?P<selector>.+),\s*(?P<label>\w+)\)")
 
 
 def _exposed_series(stack: LiveStack) -> set[str]:
-    with urllib.request.urlopen(f"{stack.service_url}/metrics", timeout=10) as response:
+    request = urllib.request.Request(f"{stack.service_url}/metrics", headers=READ_HEADERS)
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     return {
         sample.name for family in text_string_to_metric_families(text) for sample in family.samples

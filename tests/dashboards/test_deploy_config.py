@@ -8,6 +8,7 @@ the compose service on its port).
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,6 +61,27 @@ def test_promtool_accepts_the_prometheus_config(promtool: str) -> None:
         [promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_read_token_recipe_in_the_prometheus_config_is_valid(
+    promtool: str, tmp_path: Path
+) -> None:
+    """The commented `authorization` block, uncommented as its comment says,
+    is a valid scrape config of the kvoffload job (the live dashboard tests
+    scrape a service with a read token this way)."""
+    text = PROMETHEUS_CONFIG.read_text()
+    enabled = re.sub(r"(?m)^(\s*)# (authorization:|  credentials_file: )", r"\1\2", text)
+    assert enabled != text, "the recipe is not in the config"
+    shutil.copytree(PROMETHEUS_CONFIG.parent, tmp_path / "prometheus")
+    config = tmp_path / "prometheus" / "prometheus.yml"
+    config.write_text(enabled.replace("/etc/prometheus/", f"{tmp_path / 'prometheus'}/"))
+    (tmp_path / "prometheus" / "read-token").write_text("a-read-token")
+    check = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    (job,) = yaml.safe_load(enabled)["scrape_configs"]
+    assert job["authorization"] == {"credentials_file": "/etc/prometheus/read-token"}
 
 
 def test_promtool_accepts_the_alert_rules(promtool: str) -> None:
