@@ -87,6 +87,13 @@ def test_bench_api_has_its_options() -> None:
     assert "--quick" in help_text and "--rates" in help_text
 
 
+def test_bench_event_readers_prints_both_windows() -> None:
+    out = run_bench("bench/event_readers.py", "--readers", "2", "--cycles", "1", "--window", "1")
+    assert "a page: 10000 events" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.strip()]
+    assert {"idle", "readers", "ratio"} <= set(rows) and "pages read:" in out
+
+
 def test_bench_table_prints_every_table_and_verb() -> None:
     out = run_bench("bench/table.py", "--quick")
     rows = [line.split() for line in out.splitlines() if not line.startswith(("#", "table"))]

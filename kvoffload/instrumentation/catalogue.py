@@ -267,8 +267,9 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _c(
         "kvoffload_events_missed_total",
-        "Event-log records readers asked for after their cursor that were already gone "
-        "(overwritten or drained): a consumer is losing records.",
+        "Event-log records readers asked for after a cursor > 0 that were already gone "
+        "(overwritten or drained), summed over the answers (a read from 0, the oldest "
+        "kept, misses nothing): a consumer is losing records.",
         source="events",
     ),
     _g(
