@@ -143,8 +143,9 @@ _DESCRIPTIONS: dict[int, str] = {
     401: "Missing, malformed or unknown bearer token",
     403: "The token lacks the scope, or the route is disabled",
     404: "No such resource",
-    409: "The policy version changed since it was read, or the target does not support this",
     408: "The request body did not arrive within the body timeout",
+    409: "The policy version changed since it was read, the target does not support this, "
+    "or the cursor is ahead of the event log",
     413: "The request body is larger than the service accepts",
     415: "The body is not sent as Content-Type: application/json",
     422: "The request failed validation; `issues` or the message say which field and why",

@@ -155,7 +155,7 @@ async def read_events(
     summary="Remove and return the oldest events (destructive)",
     description=f"Without a body, drains up to {MAX_EVENTS_LIMIT} records. Readers whose "
     "cursor pointed at drained records are told they missed them.",
-    responses=error_responses(400, 401, 403, 409, 413, 422),
+    responses=error_responses(400, 401, 403, 408, 409, 413, 415, 422),
 )
 async def drain_events(
     _: AdminAccess,

@@ -46,7 +46,7 @@ async def get_policy(_: ReadAccess, service: ServiceDep) -> PolicyView:
     "jobs are untouched. With `expected_version` the switch applies only if nobody "
     "switched since you read that version (409 otherwise). The answer names the "
     "engine step after which the switch took effect.",
-    responses=error_responses(400, 401, 403, 409, 413, 422, 503, 504),
+    responses=error_responses(400, 401, 403, 408, 409, 413, 415, 422, 503, 504),
 )
 async def put_policy(
     body: PolicySwitchRequest, _: AdminAccess, service: ServiceDep
@@ -74,7 +74,7 @@ async def put_policy(
     response_model=PolicyValidation,
     summary="Dry run of PUT /v1/policy: same checks, nothing applied",
     description="Changes nothing, so the read scope suffices.",
-    responses=error_responses(400, 401, 409, 413, 422),
+    responses=error_responses(400, 401, 408, 409, 413, 415, 422),
 )
 async def validate_policy(
     body: PolicyValidateRequest, _: ReadAccess, service: ServiceDep

@@ -15,7 +15,7 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["runtime"], route_class=GuardedRoute)
 
-_RESPONSES = error_responses(401, 403, 409, 503, 504)
+_RESPONSES = error_responses(400, 401, 403, 408, 409, 413, 415, 422, 503, 504)
 
 
 @router.post(
