@@ -148,7 +148,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _c(
         "kvoffload_ghost_hits_total",
         "Hits on a ghost list (the remembered hash of an evicted offloaded block) by ghost "
-        "list: touches for arc, re-stores for kvarc.",
+        "list: touches for arc, re-stores for kvarc and hkvarc.",
         ("list",),
     ),
     _c("kvoffload_touched_blocks_total", "Offloaded blocks named by touch calls."),
@@ -190,7 +190,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _g(
         "kvoffload_policy_ghost_entries",
         "Hashes of evicted offloaded blocks remembered in each ghost list of the current "
-        "eviction policy (no data; arc and kvarc keep them).",
+        "eviction policy (no data; arc, kvarc and hkvarc keep them).",
         ("policy", "list"),
     ),
     _g(
@@ -304,7 +304,8 @@ METRICS: tuple[MetricSpec, ...] = (
     ),
     _g(
         "kvoffload_runtime_up",
-        "1 while the engine is running or paused, else 0.",
+        "1 while the engine is running, paused, or has finished a non-looping replay (as "
+        "/readyz), else 0: it stopped or failed.",
         source="runtime",
     ),
     _g("kvoffload_runtime_paused", "1 while the engine is paused, else 0.", source="runtime"),

@@ -64,7 +64,9 @@ SnapshotSource: TypeAlias = Callable[[], EngineSnapshot | ManagerStats]
 ConfigLabelValue: TypeAlias = str | int | float | bool | None
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_RUNNING_STATES = frozenset({"running", "paused"})
+#: the engine does its job: as /readyz (a non-looping replay that finished is
+#: not an engine that stopped, and must not page anyone)
+_RUNNING_STATES = frozenset({"running", "paused", "finished"})
 
 
 #: label values and value of one sample
@@ -99,7 +101,7 @@ def _empty_family(spec: MetricSpec) -> Metric:
 
 def _label_value(value: ConfigLabelValue) -> str:
     if value is None:
-        return ""
+        return "none"  # not "": Prometheus reads an empty label as no label
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -68,6 +68,12 @@ class CommandResult:
     #: wall-clock time it took effect (seconds since the epoch; 0 if unknown)
     timestamp: float = 0.0
 
+    @property
+    def changed_nothing(self) -> bool:
+        """A switch to the policy in use: applied, and nothing changed (it is
+        not the last switch ``/metrics`` shows, and observers are not told)."""
+        return self.kind == "switch_policy" and self.detail.get("from") == self.detail.get("to")
+
 
 def check_version(expected: int | None, current: int) -> None:
     """Raise :class:`VersionConflictError` unless ``expected`` is ``None`` or ``current``."""

@@ -293,12 +293,14 @@ class Engine:
             except Exception as e:  # delivered to the caller, the loop goes on
                 fut.set_exception(e)
                 continue
-            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
+            if not result.changed_nothing:
+                self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a caller woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)
-            for obs in self.observers:
-                self._notify(obs.command_applied, result)
+            if not result.changed_nothing:
+                for obs in self.observers:
+                    self._notify(obs.command_applied, result)
 
     def _apply(self, command: Command) -> CommandResult:
         m = self.manager

@@ -307,7 +307,8 @@ class HostedManager(OffloadingManager):
             except Exception as e:  # delivered to the submitter
                 fut.set_exception(e)
                 continue
-            self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
+            if not result.changed_nothing:
+                self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a submitter woken by the future reads the snapshot
             self._publish()
             fut.set_result(result)

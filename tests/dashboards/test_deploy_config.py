@@ -91,6 +91,74 @@ def test_promtool_accepts_the_alert_rules(promtool: str) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_alerts_fire_on_what_they_say_and_not_on_a_healthy_service(
+    promtool: str, tmp_path: Path
+) -> None:
+    """promtool's rule tests: an engine that stopped pages, a replay that
+    finished does not (kvoffload_runtime_up stays 1); one lost event-log read
+    does not fire KVOffloadEventsMissed, a reader that keeps losing does."""
+    tests = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'kvoffload_runtime_up{instance="stopped"}', "values": "1 0x20"},
+                    {"series": 'kvoffload_runtime_up{instance="finished"}', "values": "1x20"},
+                    {
+                        "series": 'kvoffload_events_missed_total{instance="once"}',
+                        "values": "0 6x30",
+                    },
+                    {
+                        "series": 'kvoffload_events_missed_total{instance="always"}',
+                        "values": "0+3x30",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "KVOffloadEngineStopped",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "critical", "instance": "stopped"},
+                                "exp_annotations": {
+                                    "summary": "kvoffload stopped: the engine loop is not running",
+                                    "description": "The service answers but its engine has "
+                                    "stopped or failed (kvoffload_runtime_up is 0; a replay that "
+                                    "finished keeps it at 1).",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "4m", "alertname": "KVOffloadEventsMissed", "exp_alerts": []},
+                    {
+                        "eval_time": "25m",
+                        "alertname": "KVOffloadEventsMissed",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "instance": "always"},
+                                "exp_annotations": {
+                                    "summary": "kvoffload always: an event-log reader is losing "
+                                    "events",
+                                    "description": "Readers of the event log asked for 15 records "
+                                    "in the last 5 minutes that were already overwritten or "
+                                    "drained, and have been losing records for 10 minutes: read "
+                                    "more often, or enlarge KVOFFLOAD_EVENT_LOG_CAPACITY.",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "alerts_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    run = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_alert_rules_read_catalogued_metrics() -> None:
     rules = [rule for group in _yaml(ALERTS)["groups"] for rule in group["rules"]]
     assert rules

@@ -273,7 +273,8 @@ def test_collector_info_metrics(registry: CollectorRegistry) -> None:
     assert build[0].labels["version"] == __version__
     assert build[0].labels["python"]
     assert build[0].labels["block_table"] == IMPLEMENTATION in ("c", "python")
-    assert v("kvoffload_config_info", policy="lru", num_cpu_blocks="32", speed="") == 1
+    # None is "none": an empty value would read as no speed label at all
+    assert v("kvoffload_config_info", policy="lru", num_cpu_blocks="32", speed="none") == 1
 
 
 def test_config_labels_flattens_scalar_dataclass_fields() -> None:
@@ -349,6 +350,10 @@ def test_collector_reads_runtime_stats_from_an_engine_snapshot(
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (1, 0)
     state[0] = "paused"
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (1, 1)
+    # a replay that ended is not an engine that stopped (once 0: the critical
+    # KVOffloadEngineStopped alert paged for a healthy, finished replay)
+    state[0] = "finished"
+    assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (1, 0)
     state[0] = "stopped"
     assert (v("kvoffload_runtime_up"), v("kvoffload_runtime_paused")) == (0, 0)
 

@@ -663,3 +663,22 @@ def test_engine_survives_an_observer_that_raises() -> None:
     assert plain.runtime.requests == snap.runtime.requests
     assert counters(plain) == counters(snap)
     assert snap.state == "stopped"
+
+
+def test_a_switch_to_the_current_policy_is_not_the_last_switch_anyone_is_told_of() -> None:
+    """/metrics' last switch (kvoffload_policy_switch_info, the command
+    timestamp) and the observers' policy_switch log once showed "lru -> lru"
+    for a PUT that changed nothing, and lost the real last switch."""
+    seen: list[CommandResult] = []
+
+    class Watcher(EngineObserver):
+        def command_applied(self, result: CommandResult) -> None:
+            seen.append(result)
+
+    engine = Engine(small_config(), synthetic(num_requests=8), observers=[Watcher()])
+    real = engine.switch_policy("arc")
+    again = engine.switch_policy("arc")
+    snap = engine.run(max_steps=1)
+    assert again.result(timeout=0).changed_nothing and not real.result(timeout=0).changed_nothing
+    assert [r.detail["from"] for r in seen] == ["lru"]
+    assert snap.commands["switch_policy"] is real.result(timeout=0)
