@@ -219,15 +219,16 @@ def _operations() -> list[Panel]:
         timeseries_panel(
             "Failures and rejections",
             "prepare_store() calls rejected for lack of room, failed transfer jobs by direction,"
-            " and loads whose bytes did not verify.",
-            "count:events/s",
+            " and loaded GPU blocks whose bytes did not verify, per second; each legend says"
+            " what it counts.",
+            "ops",
             [
-                Query(rate("kvoffload_store_rejections_total"), "store rejected"),
+                Query(rate("kvoffload_store_rejections_total"), "store calls rejected"),
                 Query(
                     rate("kvoffload_transfer_jobs_total", "direction", outcome="failed"),
-                    "{{direction}} job failed",
+                    "{{direction}} jobs failed",
                 ),
-                Query(rate("kvoffload_runtime_verify_failures_total"), "verify failed"),
+                Query(rate("kvoffload_runtime_verify_failures_total"), "GPU blocks unverified"),
             ],
             width=8,
         ),
@@ -282,7 +283,7 @@ def _policy() -> list[Panel]:
             "The adaptive parameters of the active eviction policy, e.g. the ARC family's"
             " target size of T1 (in offloaded blocks; hkvarc's target_t1_in_line: the part of"
             " it for the blocks not held), against T1's actual size.",
-            "none",
+            "count:blocks",
             [
                 Query(
                     f"max by (policy, name) ({series('kvoffload_policy_parameter')})",

@@ -59,15 +59,18 @@ def increase(metric: str, **labels: str) -> str:
 
 
 def ratio(numerator: str, denominator: str) -> str:
-    """``numerator / denominator``; both are counters, so this is a ratio of rates."""
-    return f"{numerator}\n/\n{denominator}"
+    """``numerator / denominator``; both are counters, so this is a ratio of
+    rates. Where the denominator is 0 (no traffic) there is no value, not
+    NaN: the panel says "No data" instead of plotting a gap labelled NaN."""
+    return f"{numerator}\n/\n({denominator} > 0)"
 
 
 def quantile(q: float, histogram: str, by: str = "") -> str:
-    """The ``q`` quantile of a histogram over ``$__rate_interval``, per ``by`` label."""
+    """The ``q`` quantile of a histogram over ``$__rate_interval``, per ``by``
+    label; none (not NaN) where nothing was observed."""
     keys = ", ".join(key for key in ("le", by) if key)
     buckets = series(f"{histogram}_bucket")
-    return f"histogram_quantile({q}, sum by ({keys}) (rate({buckets}[$__rate_interval])))"
+    return f"histogram_quantile({q}, sum by ({keys}) (rate({buckets}[$__rate_interval]))) >= 0"
 
 
 def mean(histogram: str, by: str = "") -> str:

@@ -104,6 +104,23 @@ def test_counters_are_only_read_through_rates(queries: list[PanelQuery]) -> None
     assert not problems, "\n".join(problems)
 
 
+def test_no_panel_divides_by_zero_or_plots_an_empty_quantile(queries: list[PanelQuery]) -> None:
+    """With no traffic (a paused engine, an idle range) a ratio of rates is
+    0/0 and a quantile of empty buckets is NaN: both once showed NaN. Every
+    division's denominator is filtered to > 0 and every quantile to >= 0, so
+    the panel has no value there instead."""
+    problems = []
+    for query in queries:
+        expr = " ".join(query.expr.split())
+        for position in (m.start() for m in re.finditer(r"(?<![<>=!])/", expr)):
+            rest = expr[position + 1 :].lstrip()
+            if not (rest.startswith("(") and re.match(r"\(.*> 0\)", rest)):
+                problems.append(f"{query.where}: unguarded division")
+        if "histogram_quantile(" in expr and not expr.endswith(">= 0"):
+            problems.append(f"{query.where}: a quantile that can be NaN")
+    assert not problems, "\n".join(problems)
+
+
 def test_no_ratio_metric_is_read(queries: list[PanelQuery]) -> None:
     """Ratios are computed from counters (DESIGN section 6), never read from a gauge."""
     ratios = [
