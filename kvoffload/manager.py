@@ -31,7 +31,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from kvoffload import policies
@@ -43,7 +43,7 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError
+from kvoffload.errors import BlockStateError, ConfigError, PolicyError
 from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, create_policy
 from kvoffload.policies.arc import ARCPolicy
@@ -55,7 +55,7 @@ __all__ = ["ARCOffloadingManager", "LRUOffloadingManager", "PolicyOffloadingMana
 logger = logging.getLogger(__name__)
 
 
-def _add_counts(into: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> dict[str, int]:
     for k, v in counts.items():
         into[k] = into.get(k, 0) + v
     return into
@@ -351,6 +351,11 @@ class PolicyOffloadingManager(OffloadingManager):
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
         for an unknown name, changing nothing.
 
+        A policy whose ``seed`` raises (one of your own) does not take
+        over: the old policy's class takes the blocks back in its order (its
+        ghost history is lost) and :class:`~kvoffload.errors.PolicyError`
+        says so, the manager working as before.
+
         Switching to the policy in use changes nothing: its lists, ghosts
         and target stay, no ``policy_switched`` record is logged and
         the ``policy_switches`` counter does not count it (a retried switch loses no
@@ -364,18 +369,44 @@ class PolicyOffloadingManager(OffloadingManager):
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
         old_counts = old.counters()  # before the table forgets the policy
+        old_ghost_hits, old_evictions = dict(old.ghost_hits), dict(old.evictions)
         table.forget_policy()  # its ghosts and touch rules
-        new.seed(items)
-        _add_counts(self._retired_ghost_hits, old.ghost_hits)
-        _add_counts(self._retired_evictions, old.evictions)
-        _add_counts(self._retired_counts.setdefault(old.name, {}), old_counts)
-        self._policy = new
-        self._hook(new)
+        try:
+            new.seed(items)
+        except Exception as exc:
+            # A policy of someone's own failed to take the blocks: the old
+            # policy's class takes them back, in its order (its ghosts are
+            # gone with the table's), so that the manager keeps working.
+            table.forget_policy()
+            back = create_policy(old.name, self.capacity, table)
+            back.seed(items)
+            self._retire(old, back, old_counts, old_ghost_hits, old_evictions)
+            raise PolicyError(
+                f"eviction policy {new.name!r} failed to take over the blocks "
+                f"({type(exc).__name__}: {exc}); {old.name} is back, its ghost history lost"
+            ) from exc
+        self._retire(old, new, old_counts, old_ghost_hits, old_evictions)
         self._policy_switches += 1
         if self.event_log is not None:
             self.event_log.append("policy_switched", detail={"from": old.name, "to": new.name})
         logger.info("eviction policy switched from %s to %s", old.name, new.name)
         return old.name
+
+    def _retire(
+        self,
+        old: EvictionPolicy,
+        new: EvictionPolicy,
+        counts: Mapping[str, int],
+        ghost_hits: Mapping[str, int],
+        evictions: Mapping[str, int],
+    ) -> None:
+        """``new`` is the policy; ``old``'s counts (read before the table
+        forgot it) go on in the manager's totals."""
+        _add_counts(self._retired_ghost_hits, ghost_hits)
+        _add_counts(self._retired_evictions, evictions)
+        _add_counts(self._retired_counts.setdefault(old.name, {}), counts)
+        self._policy = new
+        self._hook(new)
 
     def clear(self) -> list[BlockHash]:
         """Evict every resident, unpinned, ready block and forget ghost

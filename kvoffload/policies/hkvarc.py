@@ -123,7 +123,12 @@ class HKVARCPolicy(KVARCPolicy):
             if key < 0 or 0 <= far <= key:
                 break  # no hinted use, or one after what it would evict
             keep += 1
-        self._declined += len(block_hashes) - keep
+        declined = len(block_hashes) - keep
+        if n_evict - declined > len(table) - table.pinned - table.in_flight:
+            # the prefix kept would not fit either: the store is refused as a
+            # whole (rejected, not declined; once counted as both)
+            return len(block_hashes)
+        self._declined += declined
         return keep
 
     def ordered_items(self) -> list[tuple[BlockHash, Handle]]:

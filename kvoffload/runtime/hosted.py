@@ -39,7 +39,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -114,6 +114,10 @@ class HostedManager(OffloadingManager):
         )
         self._lock = threading.Lock()
         self._queue: deque[tuple[Command, Future[CommandResult]]] = deque()
+        #: futures of applied commands, resolved once the lock is released: a
+        #: done-callback may call this manager (under the lock it would
+        #: deadlock the host's thread)
+        self._done: deque[tuple[Future[CommandResult], CommandResult | Exception]] = deque()
         self._pending = False
         # the last host call was a lookup that found blocks (see the module doc)
         self._lookup_outstanding = False
@@ -240,12 +244,16 @@ class HostedManager(OffloadingManager):
             self._state = "stopped"
             self._fail_queued()
             self._publish()
+        self._settle()
 
     # -- inside ------------------------------------------------------------
 
     def _call(self, method: Callable[..., T], *args: object, query: bool = False) -> T:
         """``method(*args)`` under the lock; a ``query`` (stats, membership)
-        is not a protocol call, so it leaves a lookup's answer outstanding."""
+        is not a protocol call, so it leaves a lookup's answer outstanding.
+        An iterator argument is read first, outside the lock: one that calls
+        this manager (from any thread) must not find the lock held."""
+        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
         lock = self._lock
         lock.acquire()
         try:
@@ -261,6 +269,7 @@ class HostedManager(OffloadingManager):
             if time.monotonic() - self._published >= self.snapshot_max_age:
                 self._publish()
             lock.release()
+            self._settle()
             if self._pending:
                 self._apply_if_idle()
 
@@ -287,6 +296,16 @@ class HostedManager(OffloadingManager):
                 self._apply_queued()
             finally:
                 self._lock.release()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Resolve the futures of applied commands (lock not held)."""
+        while self._done:
+            fut, outcome = self._done.popleft()
+            if isinstance(outcome, Exception):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
 
     def _apply_queued(self) -> None:
         """Apply every queued command (lock held)."""
@@ -305,13 +324,13 @@ class HostedManager(OffloadingManager):
             try:
                 result = self._apply(command)
             except Exception as e:  # delivered to the submitter
-                fut.set_exception(e)
+                self._done.append((fut, e))
                 continue
             if not result.changed_nothing:
                 self._last_commands = MappingProxyType({**self._last_commands, result.kind: result})
             # publish first: a submitter woken by the future reads the snapshot
             self._publish()
-            fut.set_result(result)
+            self._done.append((fut, result))
 
     def _apply(self, command: Command) -> CommandResult:
         m = self.manager
@@ -334,7 +353,7 @@ class HostedManager(OffloadingManager):
         while self._queue:
             _, fut = self._queue.popleft()
             if fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineStoppedError("the hosted manager is closed"))
+                self._done.append((fut, EngineStoppedError("the hosted manager is closed")))
 
     def _take_snapshot(self) -> EngineSnapshot:
         return EngineSnapshot(

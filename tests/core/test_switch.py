@@ -188,3 +188,35 @@ def test_switch_to_the_policy_in_use_changes_nothing(policy: str) -> None:
     assert (detail, version) == ({"from": policy, "to": policy}, 4)
     other = "lru" if policy != "lru" else "arc"
     assert apply_switch(m, Command("switch_policy", policy=other), 4)[1] == 5
+
+
+def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A policy of one's own whose seed raises: the switch once left the old
+    policy in place with the table's touch rules and ghosts reset under it
+    (ARC no longer promoted a touched block to T2)."""
+    import kvoffload.policies as policies
+    from kvoffload.policies.lru import LRUPolicy
+
+    class Broken(LRUPolicy):
+        name = "broken"
+
+        def seed(self, items: object) -> None:
+            raise RuntimeError("seed failed")
+
+    m = ARCOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3)
+    real = policies.policy_class
+    monkeypatch.setattr(
+        policies, "policy_class", lambda name: Broken if name == "broken" else real(name)
+    )
+    blocks, evictions = _blocks(m), m.stats().counters.evictions
+    with pytest.raises(
+        PolicyError, match="'broken' failed to take over .*RuntimeError: seed failed"
+    ):
+        m.switch_policy("broken")
+    assert m.policy_name == "arc" and _blocks(m) == blocks
+    assert m.stats().counters.evictions == evictions and m.stats().counters.policy_switches == 0
+    m.touch(bhs(2))
+    assert m.table.tag_of(bh(2)) == 1  # ARC's rules again: a second use is T2

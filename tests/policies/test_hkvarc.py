@@ -298,3 +298,17 @@ def test_clear_evicts_held_blocks_too_and_keeps_the_window() -> None:
     _store(m, 1)
     assert m.stats().lists["h1"] == 1  # still coming: held once stored again
     m.unhint(ticket)
+
+
+def test_a_store_that_fails_anyway_declines_nothing() -> None:
+    """Capacity 1, its block pinned: a store of a hinted and an unhinted
+    block cannot evict anything, so it is refused (None), both blocks counted
+    rejected and none declined (once 1 declined and 1 rejected)."""
+    m = PolicyOffloadingManager(CPUBackend(16, 1), policy="hkvarc")
+    m.complete_store(m.prepare_store([b"a"]).block_hashes_to_store)
+    m.prepare_load([b"a"])
+    m.hint([b"x"])
+    assert m.prepare_store([b"x", b"y"]) is None
+    s = m.stats()
+    assert s.policy_counters["declined_blocks"] == 0
+    assert s.counters.store_blocks["rejected_no_room"] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -323,3 +324,30 @@ def test_commands_from_another_thread_never_overlap_the_hosts_calls(seed: int) -
     stats = hosted.stats()
     assert stats.used + stats.free == stats.capacity
     assert stats.pinned == 0 and stats.in_flight == 0
+
+
+def test_a_command_callback_may_call_the_hosted_manager() -> None:
+    """A future's done-callback runs on whichever thread applied the command,
+    the host's included; it once ran under the lock, and a callback calling
+    the manager (or an argument iterator that made another thread submit a
+    command) hung the host's thread for good."""
+    _, hosted = make(capacity=4)
+    seen: list[str] = []
+
+    def admin() -> None:
+        hosted.switch_policy("arc").add_done_callback(lambda f: seen.append(hosted.stats().policy))
+
+    def chain() -> Iterator[BlockHash]:
+        thread = threading.Thread(target=admin)
+        thread.start()
+        thread.join()
+        yield b"a"
+
+    host = threading.Thread(target=lambda: hosted.touch(chain()), daemon=True)
+    host.start()
+    host.join(10)
+    assert not host.is_alive(), "the host's thread hung"
+    assert seen == ["arc"]
+    # and a callback on an idle manager, run by the submitting thread
+    hosted.switch_policy("lru").add_done_callback(lambda f: seen.append(hosted.stats().policy))
+    assert seen == ["arc", "lru"]
