@@ -213,7 +213,7 @@ def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
     )
     blocks, evictions = _blocks(m), m.stats().counters.evictions
     with pytest.raises(
-        PolicyError, match="'broken' failed to take over .*RuntimeError: seed failed"
+        PolicyError, match=r"'broken' failed to take over .*RuntimeError: seed failed"
     ):
         m.switch_policy("broken")
     assert m.policy_name == "arc" and _blocks(m) == blocks
