@@ -528,4 +528,14 @@ class ARCOffloadingManager(PolicyOffloadingManager):
 
     @target_t1_size.setter
     def target_t1_size(self, value: float) -> None:
-        self._arc().target_t1_size = value
+        # checked here: a string, nan or inf once went in and broke stats()
+        # and the next evicting store
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not 0 <= value <= self.capacity
+        ):
+            raise ConfigError(
+                f"target_t1_size must be a number of blocks in [0, {self.capacity}], got {value!r}"
+            )
+        self._arc().target_t1_size = float(value)

@@ -340,9 +340,12 @@ def belady(
     Next uses are precomputed backwards; victims come from a max-heap keyed by
     next use with lazy invalidation (an entry is live only while its key is
     the block's current key), so the whole run is O(accesses log accesses).
+    Raises :class:`~kvoffload.errors.ConfigError` for a capacity that is not
+    a whole number of blocks >= 1 (``nan``, ``inf``, ``2.5`` and ``True``
+    once ran, as an unbounded cache or as 3 or 1 blocks).
     """
-    if capacity < 1:
-        raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ConfigError(f"capacity must be a whole number of blocks >= 1, got {capacity!r}")
     n_requests = len(requests)
     # key of a use = request index * stride + position, larger = further away
     stride = max((len(r) for r in requests), default=0) + 1

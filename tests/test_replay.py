@@ -416,3 +416,10 @@ def test_synthetic_defaults_give_a_capacity_dependent_hit_ratio() -> None:
     ]
     # neither all-miss nor saturated: more cache keeps paying off from 5% to 25%
     assert 0.15 < ratios[0] < ratios[1] - 0.05 < unbounded - 0.05
+
+
+@pytest.mark.parametrize("capacity", [math.nan, math.inf, 2.5, True, 0, -1])
+def test_belady_refuses_a_capacity_that_is_not_a_block_count(capacity: object) -> None:
+    # nan and inf once ran as an unbounded cache, 2.5 as 3 blocks, True as 1
+    with pytest.raises(ConfigError, match="capacity must be a whole number of blocks >= 1"):
+        belady([[b"a"]], capacity)  # type: ignore[arg-type]

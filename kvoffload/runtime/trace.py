@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,10 @@ def load_mooncake_trace(
     the right types (message: file, 1-based line number, field, what was
     expected), or timestamps decrease.
     """
-    if trace_block_size <= 0:
-        raise WorkloadError(f"trace_block_size must be positive, got {trace_block_size}")
-    if limit is not None and limit < 0:
-        raise WorkloadError(f"limit must be >= 0, got {limit}")
+    if not _is_int(trace_block_size) or trace_block_size <= 0:
+        raise WorkloadError(f"trace_block_size must be a positive int, got {trace_block_size!r}")
+    if limit is not None and (not _is_int(limit) or limit < 0):
+        raise WorkloadError(f"limit must be an int >= 0, got {limit!r}")
     trace = Path(path)
     requests: list[Request] = []
     previous_ms: float = -math.inf
@@ -132,12 +133,22 @@ def load_mooncake_trace(
     return TraceWorkload(requests, name=trace.name, trace_block_size=trace_block_size)
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Request:
     where = f"{trace}: line {line_no}"
     try:
         row: Any = json.loads(line)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise WorkloadError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError:  # an integer of more digits than int() reads
+        raise WorkloadError(
+            f"{where}: a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(row, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(row).__name__}")
 
@@ -156,12 +167,11 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
         return value
 
     timestamp = field("timestamp")
-    if (
-        not isinstance(timestamp, int | float)
-        or isinstance(timestamp, bool)
-        or not math.isfinite(timestamp)
-        or timestamp < 0
-    ):
+    try:
+        ms = float(timestamp) if not isinstance(timestamp, bool | str) else math.nan
+    except (TypeError, OverflowError):  # not a number, or an integer past any float
+        ms = math.nan
+    if not math.isfinite(ms) or ms < 0:
         raise WorkloadError(
             f"{where}: field 'timestamp' must be a non-negative number of milliseconds, "
             f"got {timestamp!r}"
@@ -183,7 +193,7 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
             )
     return Request(
         request_id=request_id,
-        arrival_time=timestamp / 1000.0,
+        arrival_time=ms / 1000.0,
         block_ids=tuple(hash_ids),
         input_length=input_length,
         output_length=output_length,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -353,3 +354,47 @@ def test_loop_repeats_with_shifted_ids_and_times() -> None:
 
 def test_loop_of_an_empty_workload_ends() -> None:
     assert list(loop(TraceWorkload([], name="empty"))) == []
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (
+            '{"timestamp": 1'
+            + "0" * 400
+            + ', "input_length": 1, "output_length": 1, "hash_ids": [1]}',
+            "field 'timestamp' must be a non-negative number",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 1'
+            + "0" * 5000
+            + ', "output_length": 1, "hash_ids": []}',
+            "a number of more than 4300 digits",
+        ),
+        (
+            '{"timestamp": 0, "hash_ids": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "JSON nested too deeply to read",
+        ),
+    ],
+)
+def test_load_trace_odd_lines_are_workload_errors(tmp_path: Path, line: str, says: str) -> None:
+    # once OverflowError, ValueError and RecursionError (a traceback from
+    # `kvoffload replay`), not the line and field the docs promise
+    trace = tmp_path / "odd.jsonl"
+    trace.write_text(line + "\n")
+    with pytest.raises(WorkloadError, match=f"{trace}: line 1: {says}"):
+        load_mooncake_trace(trace)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"limit": 1.5}, "limit must be an int >= 0, got 1.5"),
+    ({"trace_block_size": 0.5}, "trace_block_size must be a positive int, got 0.5"),
+    ({"trace_block_size": True}, "trace_block_size must be a positive int, got True"),
+])  # fmt: skip
+def test_load_trace_checks_its_arguments_types(
+    tmp_path: Path, kwargs: dict[str, object], says: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n')
+    with pytest.raises(WorkloadError, match=re.escape(says)):
+        load_mooncake_trace(trace, **kwargs)  # type: ignore[arg-type]
