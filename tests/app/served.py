@@ -91,12 +91,17 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(*flags: str, env: dict[str, str] | None = None) -> Iterator[Served]:
-    """`kvoffload serve` with the small engine, both tokens and ``flags``;
-    stopped with SIGTERM (killed if it does not stop)."""
+def served(
+    *flags: str, env: dict[str, str] | None = None, log_path: Path | None = None
+) -> Iterator[Served]:
+    """`kvoffload serve` with the small engine, both tokens (``env`` may
+    override them) and ``flags``, its log in ``log_path`` (default: a
+    temporary file); stopped with SIGTERM (killed if it does not stop)."""
     port = free_port()
     tokens = {"KVOFFLOAD_ADMIN_TOKEN": TOKEN, "KVOFFLOAD_READ_TOKEN": READ_TOKEN}
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in the finally below
+    log = (  # closed in the finally below
+        log_path.open("w") if log_path is not None else tempfile.TemporaryFile("w+")  # noqa: SIM115
+    )
     proc = serve(
         "--port", str(port), *SMALL_ENGINE_FLAGS, *flags, env={**tokens, **(env or {})}, log=log
     )

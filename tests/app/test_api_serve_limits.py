@@ -20,7 +20,6 @@ import pytest
 from served import (
     ADMIN,
     READ,
-    SMALL_ENGINE_FLAGS,
     TOKEN,
     Served,
     free_port,
@@ -28,7 +27,6 @@ from served import (
     serve,
     served,
     status_of,
-    wait_ready,
 )
 
 pytestmark = pytest.mark.slow
@@ -404,51 +402,34 @@ def trickle_body(port: int, token: str = TOKEN) -> socket.socket:
 
 def test_slow_bodies_get_408_and_do_not_hold_shutdown(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
-    port = free_port()
-    env = {"KVOFFLOAD_ADMIN_TOKEN": TOKEN}
-    with log_path.open("w") as log:
-        proc = serve(
-            "--port",
-            str(port),
-            *SMALL_ENGINE_FLAGS,
-            "--body-timeout",
-            "1",
-            "--stop-timeout",
-            "30",
-            env=env,
-            log=log,
-        )
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", proc)
-            # twenty clients trickle a byte now and then: each is answered 408 and
-            # closed, however long it would go on (once held until it stopped)
-            socks = [trickle_body(port) for _ in range(20)]
-            for sock in socks:
-                sock.sendall(b'"')
-            answers = []
-            for sock in socks:
-                got = b""
-                with contextlib.suppress(ConnectionResetError):
-                    while chunk := sock.recv(65536):
-                        got += chunk
-                answers.append(got)
-                sock.close()
-            for got in answers:
-                assert status_of(got) == 408, got[:200]
-                assert b'"request_timeout"' in got and b"connection: close" in got
-            # one more, stalled at SIGTERM: shutdown does not wait for it (once
-            # it waited the whole --stop-timeout, then logged a 500)
-            stalled = trickle_body(port)
-            time.sleep(0.2)
-            stopped = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(20) == 0
-            assert time.monotonic() - stopped < 15  # far below --stop-timeout 30
-            stalled.close()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    flags = ("--body-timeout", "1", "--stop-timeout", "30")
+    with served(*flags, log_path=log_path) as server:
+        port, proc = server.port, server.proc
+        # twenty clients trickle a byte now and then: each is answered 408 and
+        # closed, however long it would go on (once held until it stopped)
+        socks = [trickle_body(port) for _ in range(20)]
+        for sock in socks:
+            sock.sendall(b'"')
+        answers = []
+        for sock in socks:
+            got = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    got += chunk
+            answers.append(got)
+            sock.close()
+        for got in answers:
+            assert status_of(got) == 408, got[:200]
+            assert b'"request_timeout"' in got and b"connection: close" in got
+        # one more, stalled at SIGTERM: shutdown does not wait for it (once
+        # it waited the whole --stop-timeout, then logged a 500)
+        stalled = trickle_body(port)
+        time.sleep(0.2)
+        stopped = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        assert time.monotonic() - stopped < 15  # far below --stop-timeout 30
+        stalled.close()
     text = log_path.read_text()
     assert "Exception in ASGI application" not in text and " 500" not in text, text[-2000:]
 
@@ -489,27 +470,12 @@ def test_head_is_get_without_the_body(server: Served) -> None:
 
 def test_a_token_in_the_query_string_is_masked_in_the_access_log(tmp_path: Path) -> None:
     log_path = tmp_path / "serve.log"
-    port = free_port()
     secret = "q5ecret-token-in-a-query"
-    with log_path.open("w") as log:
-        proc = serve(
-            "--port",
-            str(port),
-            *SMALL_ENGINE_FLAGS,
-            "--log-level",
-            "debug",
-            env={"KVOFFLOAD_ADMIN_TOKEN": TOKEN},
-            log=log,
-        )
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", proc)
-            base = f"http://127.0.0.1:{port}"
-            r = httpx.put(f"{base}/v1/policy?access_token={secret}&limit=3", json={"policy": "arc"})
-            assert r.status_code == 401
-            assert httpx.get(f"{base}/v1/events?limit=2&after_seq=0").status_code == 200
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+    with served("--log-level", "debug", log_path=log_path) as server:
+        base = server.base
+        r = httpx.put(f"{base}/v1/policy?access_token={secret}&limit=3", json={"policy": "arc"})
+        assert r.status_code == 401
+        assert httpx.get(f"{base}/v1/events?limit=2&after_seq=0", headers=READ).status_code == 200
     text = log_path.read_text()
     assert secret not in text
     assert "/v1/policy?access_token=***&limit=3 " in text
