@@ -93,6 +93,10 @@ class EventLogStats:
     last_seq: int
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class EventLog:
     """A ring of :class:`EventRecord` of at most ``capacity`` entries."""
 
@@ -157,13 +161,24 @@ class EventLog:
         With a cursor (``after_seq > 0``), the records after it that are gone
         are answered as ``missed`` and added to :attr:`missed`; a read from the
         start (``after_seq=0``) claims no position, so what is gone before the
-        oldest record is answered but not counted."""
-        if after_seq < 0:
-            raise ConfigError(f"after_seq must be >= 0, got {after_seq}")
-        if limit is not None and limit <= 0:
-            raise ConfigError(f"limit must be positive, got {limit}")
+        oldest record is answered but not counted.
+
+        Raises :class:`~kvoffload.errors.ConfigError` for a cursor past
+        :attr:`last_seq` (one kept from another run of the log: following
+        the page it would get would skip every record up to it) and for
+        arguments that are not ints in range."""
+        if not _is_int(after_seq) or after_seq < 0:
+            raise ConfigError(f"after_seq must be an int >= 0, got {after_seq!r}")
+        if limit is not None and (not _is_int(limit) or limit <= 0):
+            raise ConfigError(f"limit must be a positive int, got {limit!r}")
         # last_seq first: a record appended after it cannot be taken for gone
         last = self._last_seq
+        # + 1: the one writer may have put a record in the ring and not yet
+        # counted it in last_seq, and a reader may have been given its seq
+        if after_seq > last + 1:
+            raise ConfigError(
+                f"after_seq {after_seq} is ahead of the log, whose newest seq is {last}"
+            )
         records = tuple(self._ring)  # one C-level copy: a consistent view
         if not records:
             missed = max(0, last - after_seq)
@@ -185,8 +200,8 @@ class EventLog:
 
     def drain(self, limit: int | None = None) -> list[EventRecord]:
         """Remove and return the oldest records (all of them by default)."""
-        if limit is not None and limit <= 0:
-            raise ConfigError(f"limit must be positive, got {limit}")
+        if limit is not None and (not _is_int(limit) or limit <= 0):
+            raise ConfigError(f"limit must be a positive int, got {limit!r}")
         out: list[EventRecord] = []
         popleft = self._ring.popleft
         with self._lock:

@@ -10,6 +10,7 @@ manager. ``docs/writing-a-policy.md`` walks through one.
 from __future__ import annotations
 
 import importlib
+import re
 
 from kvoffload.errors import PolicyError
 from kvoffload.policies.base import EvictionPolicy, Victims
@@ -41,7 +42,9 @@ def available_policies() -> tuple[str, ...]:
 
 
 def policy_class(name: str) -> type[EvictionPolicy]:
-    """The class registered under ``name``; :class:`PolicyError` if unknown."""
+    """The class registered under ``name`` (any case); :class:`PolicyError`
+    if unknown, or if its target does not import as an
+    :class:`EvictionPolicy` subclass."""
     key = name.lower() if isinstance(name, str) else name
     target = _REGISTRY.get(key)
     if target is None:
@@ -49,7 +52,18 @@ def policy_class(name: str) -> type[EvictionPolicy]:
             f"unknown eviction policy {name!r}; valid policies: {', '.join(available_policies())}"
         )
     module_name, _, attr = target.partition(":")
-    cls: type[EvictionPolicy] = getattr(importlib.import_module(module_name), attr)
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PolicyError(
+            f"eviction policy {key!r} is registered as {target!r}, which does not import: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
+        raise PolicyError(
+            f"eviction policy {key!r} is registered as {target!r}, which is not an "
+            "EvictionPolicy subclass"
+        )
     return cls
 
 
@@ -59,8 +73,26 @@ def create_policy(name: str, capacity: int, table: BlockTable) -> EvictionPolicy
     return policy_class(name)(capacity, table)
 
 
+#: a policy's name: what users type (lower case; names are looked up in any case)
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+#: "package.module:Class"
+_TARGET = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
+
+
 def register_policy(name: str, target: str) -> None:
-    """Register ``"module:Class"`` under ``name`` (for policies outside kvoffload)."""
+    """Register ``"module:Class"`` under ``name`` (for policies outside
+    kvoffload). The module is imported when the policy is first used.
+    :class:`PolicyError` for a name taken, or one that is not lower case
+    letters, digits, ``-`` and ``_`` (at most 64, a letter first: looked up
+    in any case, an upper-case name could never be chosen), or a target not
+    of the form ``"package.module:Class"``."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise PolicyError(
+            f"eviction policy name {name!r} must be lower case letters, digits, '-' and '_' "
+            "(a letter first, at most 64)"
+        )
+    if not isinstance(target, str) or not _TARGET.fullmatch(target):
+        raise PolicyError(f"eviction policy target {target!r} must be 'package.module:Class'")
     if name in _REGISTRY:
         raise PolicyError(f"eviction policy {name!r} is already registered")
     _REGISTRY[name] = target

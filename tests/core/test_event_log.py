@@ -114,8 +114,15 @@ def test_event_log_read_after_cursor() -> None:
     assert (page.missed, page.next_after_seq) == (0, 5)
     page = log.read(after_seq=5)
     assert (page.records, page.missed, page.next_after_seq) == ((), 0, 5)
-    page = log.read(after_seq=99)  # a cursor from the future: nothing, nothing missed
-    assert (page.records, page.missed) == ((), 0)
+    # a cursor from the future (another run of the log): an error, not an
+    # empty page whose next_after_seq would skip every record up to it
+    with pytest.raises(
+        ConfigError, match="after_seq 99 is ahead of the log, whose newest seq is 5"
+    ):
+        log.read(after_seq=99)
+    for bad in (1.5, True, "3"):
+        with pytest.raises(ConfigError, match="after_seq must be an int"):
+            log.read(after_seq=bad)  # type: ignore[arg-type]
     assert _seqs(log) == [1, 2, 3, 4, 5]  # reading is not destructive
 
 
