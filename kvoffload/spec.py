@@ -46,6 +46,11 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+def _typed_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadingConfig:
     """Typed offloading configuration.
@@ -64,11 +69,16 @@ class OffloadingConfig:
     spec_module_path: str | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("gpu_block_size", self.gpu_block_size)
-        _positive_int("num_cpu_blocks", self.num_cpu_blocks)
-        _positive_int("event_log_capacity", self.event_log_capacity)
+        # typed: an int is an int here ("16" validated once, then broke the
+        # block-size check and get_manager); from_vllm_config converts the
+        # strings a JSON extra config may hold
+        for name in ("gpu_block_size", "num_cpu_blocks", "event_log_capacity"):
+            _typed_positive_int(name, getattr(self, name))
+        if self.offloaded_block_size is not None:
+            _typed_positive_int("offloaded_block_size", self.offloaded_block_size)
+        if not isinstance(self.enable_events, bool):
+            raise ConfigError(f"enable_events must be True or False, got {self.enable_events!r}")
         obs = self.block_size
-        _positive_int("offloaded_block_size", obs)
         if obs % self.gpu_block_size:
             raise ConfigError(
                 f"offloaded block size {obs} must be a multiple of the GPU block size "

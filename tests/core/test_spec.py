@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -136,3 +137,35 @@ def test_cpu_offloading_spec_accepts_a_typed_config() -> None:
     spec = CPUOffloadingSpec(cfg)
     assert spec.config is cfg
     assert spec.get_manager().event_log is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        (
+            {"gpu_block_size": "16", "num_cpu_blocks": 8},
+            "gpu_block_size must be a positive integer, got '16'",
+        ),
+        (
+            {"gpu_block_size": 16, "num_cpu_blocks": "8"},
+            "num_cpu_blocks must be a positive integer, got '8'",
+        ),
+        (
+            {"gpu_block_size": 16, "num_cpu_blocks": True},
+            "num_cpu_blocks must be a positive integer, got True",
+        ),
+        (
+            {"gpu_block_size": 16, "num_cpu_blocks": 8, "offloaded_block_size": 32.0},
+            "offloaded_block_size must be a positive integer, got 32.0",
+        ),
+        (
+            {"gpu_block_size": 16, "num_cpu_blocks": 8, "enable_events": "false"},
+            "enable_events must be True or False, got 'false'",
+        ),
+    ],
+)
+def test_typed_config_takes_its_types_only(kwargs: dict[str, object], says: str) -> None:
+    # "16" once passed the check, then raised a TypeError from a % deep in it;
+    # "8" passed, and get_manager() failed; "false" turned events on
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        OffloadingConfig(**kwargs)  # type: ignore[arg-type]
