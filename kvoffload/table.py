@@ -607,6 +607,7 @@ class PyBlockTable:
 
     def move(self, h: Key, tag: int, last: bool = True) -> None:
         tag = _resident_tag(tag)
+        last = bool(last)  # first, as the C table does: a raising __bool__ changes nothing
         old = self._tag.get(h, TAGS)
         if old >= RESIDENT_TAGS:
             raise KeyError(h)

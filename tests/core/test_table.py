@@ -1399,3 +1399,19 @@ def test_memory_per_entry(batch: int) -> None:
     per_entry = t.memory_bytes() / n
     assert per_entry < 80, f"{per_entry:.1f} bytes per entry"
     assert t.lookup(keys) == 0 and t.complete(keys) == keys and t.lookup(keys) == n
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_move_with_a_bad_last_changes_nothing(impl: Any) -> None:
+    # the pure-Python table once took the entry off its list before reading
+    # `last`, and lost it from every list when that raised
+    class Bad:
+        def __bool__(self) -> bool:
+            raise ValueError("no truth")
+
+    t = impl()
+    t.insert([b"a"], [0], 0)
+    t.complete([b"a"])
+    with pytest.raises(ValueError, match="no truth"):
+        t.move(b"a", 1, last=Bad())
+    assert (len(t), t.items(0), t.items(1)) == (1, [(b"a", 0)], [])
