@@ -9,9 +9,12 @@ export, however many instruments ask), so both paths report the same
 numbers from the same snapshots and nothing runs on the engine's hot path.
 
 Counters become observable counters named without ``_total`` (OTLP-to-
-Prometheus converters add it back), gauges observable gauges. OTel has no
+Prometheus converters add it back), gauges observable gauges; names ending
+in ``_seconds`` or ``_bytes`` carry the unit (``s``, ``By``). OTel has no
 observable histogram, so a histogram is exported as its ``_count`` and
-``_sum`` counters (rates and means survive; quantiles come from ``/metrics``).
+``_sum`` counters (rates and means survive; quantiles come from ``/metrics``),
+which a converter that adds ``_total`` to counters names ``..._count_total``
+and ``..._sum_total``: the dashboards' histogram panels read ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ from kvoffload._version import __version__
 from kvoffload.instrumentation.catalogue import METRICS
 
 __all__ = ["OTelMetricsBridge"]
+
+#: name suffix -> UCUM unit, for backends that read units (the name already
+#: carries it, so a converter that appends units adds nothing)
+_UNITS = {"_seconds": "s", "_bytes": "By"}
+
+
+def _unit(name: str) -> str:
+    return next((unit for suffix, unit in _UNITS.items() if name.endswith(suffix)), "")
+
 
 _Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -52,21 +64,25 @@ class OTelMetricsBridge:
         self.instruments: dict[str, str] = {}
         for spec in METRICS:
             if spec.type == "counter":
-                self._counter(meter, spec.base_name, spec.name, spec.help)
+                self._counter(meter, spec.base_name, spec.name, spec.help, _unit(spec.base_name))
             elif spec.type == "gauge":
                 self.instruments[spec.name] = spec.name
                 meter.create_observable_gauge(
-                    spec.name, callbacks=[self._callback(spec.name)], description=spec.help
+                    spec.name,
+                    callbacks=[self._callback(spec.name)],
+                    description=spec.help,
+                    unit=_unit(spec.name),
                 )
             else:
+                # no unit: a converter would append it after "_count"/"_sum"
                 for part in ("count", "sum"):
                     sample = f"{spec.name}_{part}"
-                    self._counter(meter, sample, sample, f"{part} of {spec.help}")
+                    self._counter(meter, sample, sample, f"{part} of {spec.help}", "")
 
-    def _counter(self, meter: Meter, name: str, sample: str, help_text: str) -> None:
+    def _counter(self, meter: Meter, name: str, sample: str, help_text: str, unit: str) -> None:
         self.instruments[name] = sample
         meter.create_observable_counter(
-            name, callbacks=[self._callback(sample)], description=help_text
+            name, callbacks=[self._callback(sample)], description=help_text, unit=unit
         )
 
     def samples(self, sample: str | None = None) -> _Samples:

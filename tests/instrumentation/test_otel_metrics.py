@@ -57,6 +57,17 @@ def test_bridge_reports_the_registry_values(policy: str) -> None:
     assert lookups.value == 1
     # histograms travel as their count and sum
     assert "kvoffload_transfer_duration_seconds_count" in points
+    # units where the name says one (once none at all)
+    data = reader.get_metrics_data()
+    assert data is not None
+    units = {
+        m.name: m.unit
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert units["kvoffload_transfer_bytes"] == "By"
+    assert units["kvoffload_transfer_duration_seconds_sum"] == ""  # "_sum_seconds" otherwise
     provider.shutdown()
 
 
