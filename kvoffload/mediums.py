@@ -18,12 +18,20 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec holding block ids as a ``numpy.int64`` array."""
 
     def __init__(self, block_ids: Iterable[int] | npt.NDArray[np.int64]) -> None:
+        """``block_ids``: integers (a sequence, any iterable, or an integer
+        array; nested ones are flattened). Anything else raises
+        :class:`ValueError` rather than being rounded or parsed: ``1.7`` as
+        block 1, ``"3"`` as block 3 would copy the wrong block."""
         if not isinstance(block_ids, np.ndarray):
             block_ids = list(block_ids)
+        given = np.asarray(block_ids)
+        if given.size and (given.dtype.kind not in "iu"):
+            raise ValueError(
+                f"block ids must be integers, got {given.dtype} values "
+                f"(e.g. {given.reshape(-1)[:1].tolist()[0]!r})"
+            )
         self._ids: list[int] | None = None
-        self._array: npt.NDArray[np.int64] | None = np.asarray(block_ids, dtype=np.int64).reshape(
-            -1
-        )
+        self._array: npt.NDArray[np.int64] | None = given.astype(np.int64).reshape(-1)
 
     @classmethod
     def from_id_list(cls, block_ids: list[int]) -> Self:

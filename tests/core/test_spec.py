@@ -6,6 +6,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvoffload import (
@@ -169,3 +170,15 @@ def test_typed_config_takes_its_types_only(kwargs: dict[str, object], says: str)
     # "8" passed, and get_manager() failed; "false" turned events on
     with pytest.raises(ConfigError, match=re.escape(says)):
         OffloadingConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ids", [[1.7], ["3"], [True], [1, None], [[0.5, 1]]])
+def test_block_ids_that_are_not_integers_are_refused(ids: list[object]) -> None:
+    # once rounded or parsed: GPULoadStoreSpec([1.7]) named block 1, and a
+    # store of it copied block 1
+    from kvoffload import GPULoadStoreSpec
+
+    with pytest.raises(ValueError, match="block ids must be integers"):
+        GPULoadStoreSpec(ids)  # type: ignore[arg-type]
+    assert GPULoadStoreSpec([]).block_ids.dtype == np.int64  # empty is fine
+    assert GPULoadStoreSpec([[1, 2], [3, 4]]).block_ids.tolist() == [1, 2, 3, 4]
