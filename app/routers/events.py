@@ -136,17 +136,20 @@ async def read_events(
             last_seq=last,
         )
 
+    page = log.read(after_seq, limit)
+    newest = log.last_seq
+
     def page_json() -> bytes:
-        page = log.read(after_seq, limit)
         view = EventPageView(
             events=[EventView.from_record(r) for r in page.records],
             missed=page.missed,
             next_after_seq=page.next_after_seq,
-            last_seq=log.last_seq,
+            last_seq=newest,
         )
         return view.model_dump_json().encode()
 
-    return Response(await service.render(page_json, limit), media_type="application/json")
+    body = await service.render(page_json, len(page.records))
+    return Response(body, media_type="application/json")
 
 
 @router.post(
