@@ -31,6 +31,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -529,13 +530,12 @@ class ARCOffloadingManager(PolicyOffloadingManager):
     @target_t1_size.setter
     def target_t1_size(self, value: float) -> None:
         # checked here: a string, nan or inf once went in and broke stats()
-        # and the next evicting store
+        # and the next evicting store. Any finite number goes, as in vLLM
+        # (ARC's rules treat one above the capacity as the capacity)
         if (
             not isinstance(value, int | float)
             or isinstance(value, bool)
-            or not 0 <= value <= self.capacity
+            or not math.isfinite(value)
         ):
-            raise ConfigError(
-                f"target_t1_size must be a number of blocks in [0, {self.capacity}], got {value!r}"
-            )
+            raise ConfigError(f"target_t1_size must be a finite number of blocks, got {value!r}")
         self._arc().target_t1_size = float(value)

@@ -246,13 +246,15 @@ def test_arc_events_report_ghost_free_removals() -> None:
     ]
 
 
-@pytest.mark.parametrize("value", ["x", None, float("nan"), float("inf"), -1, 5, True])
-def test_arc_target_setter_refuses_what_is_not_a_block_count(value: object) -> None:
+@pytest.mark.parametrize("value", ["x", None, float("nan"), float("inf"), True])
+def test_arc_target_setter_refuses_what_is_not_a_number(value: object) -> None:
     # once accepted, and stats() and the next evicting store raised later
     from kvoffload import ARCOffloadingManager, ConfigError
 
     m = ARCOffloadingManager(CPUBackend(16, 4))
-    with pytest.raises(ConfigError, match=r"target_t1_size must be a number of blocks in \[0, 4\]"):
+    with pytest.raises(ConfigError, match="target_t1_size must be a finite number of blocks"):
         m.target_t1_size = value  # type: ignore[assignment]
-    m.target_t1_size = 2
-    assert m.target_t1_size == 2.0 and m.stats().target_t1_size == 2.0
+    # any finite number, as vLLM takes (tests/vllm_compat sets 0..9 on any capacity)
+    for ok in (2, 7.5, -1):
+        m.target_t1_size = ok
+        assert m.target_t1_size == float(ok) and m.stats().target_t1_size == float(ok)
