@@ -101,7 +101,7 @@ class EventLog:
     """A ring of :class:`EventRecord` of at most ``capacity`` entries."""
 
     def __init__(self, capacity: int = 10_000) -> None:
-        if not isinstance(capacity, int) or capacity <= 0:
+        if not _is_int(capacity) or capacity <= 0:
             raise ConfigError(f"event log capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self._ring: deque[EventRecord] = deque(maxlen=capacity)

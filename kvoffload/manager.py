@@ -94,6 +94,8 @@ class PolicyOffloadingManager(OffloadingManager):
         enable_events: bool = False,
         event_log_capacity: int = 10_000,
     ) -> None:
+        if not isinstance(enable_events, bool):  # "no" is truthy: it turned events on
+            raise ConfigError(f"enable_events must be True or False, got {enable_events!r}")
         self.backend = backend
         self.capacity: int = backend.get_num_free_blocks()
         if self.capacity <= 0:

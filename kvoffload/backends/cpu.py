@@ -38,10 +38,10 @@ class CPUBackend(Backend):
     """
 
     def __init__(self, block_size: int, num_blocks: int) -> None:
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
-        if not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise ConfigError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        # bool is an int subclass: CPUBackend(True, True) was one block of one token
+        for name, value in (("block_size", block_size), ("num_blocks", num_blocks)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
         super().__init__(block_size=block_size, medium=CPULoadStoreSpec.medium())
         self.num_blocks: int = num_blocks
         self.num_allocated_blocks: int = 0

@@ -58,6 +58,9 @@ class EngineConfig:
             "max_requests_per_step",
             "max_waiting_requests",
             "event_log_capacity",
+            "num_layers",
+            "num_kv_heads",
+            "head_size",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -81,6 +84,8 @@ class EngineConfig:
                 f"max_requests_per_step ({self.max_requests_per_step}): a step serves "
                 "waiting requests only"
             )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if self.speed is not None and not self.speed > 0:
             raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")
         if not 0.0 <= self.inject_failure_rate <= 1.0:

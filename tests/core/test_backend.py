@@ -197,3 +197,21 @@ def test_a_vllm_style_backend_works_through_the_default_handles(policy: str) -> 
     assert backend.free_slots == [slot]
     m.complete_load(bhs(2))
     assert m.get_block(bh(2)).ref_cnt == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("args", "name"), [((True, 4), "block_size"), ((16, True), "num_blocks")])
+def test_cpu_backend_refuses_bools_as_counts(args: tuple[object, object], name: str) -> None:
+    # CPUBackend(True, True) was a tier of one block of one token
+    from kvoffload import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{name} must be a positive int, got True"):
+        CPUBackend(*args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_manager_enable_events_is_a_bool(value: object) -> None:
+    # "no" is truthy: it turned events on
+    from kvoffload import ConfigError, PolicyOffloadingManager
+
+    with pytest.raises(ConfigError, match="enable_events must be True or False"):
+        PolicyOffloadingManager(CPUBackend(16, 4), enable_events=value)  # type: ignore[arg-type]
