@@ -251,9 +251,12 @@ class HostedManager(OffloadingManager):
     def _call(self, method: Callable[..., T], *args: object, query: bool = False) -> T:
         """``method(*args)`` under the lock; a ``query`` (stats, membership)
         is not a protocol call, so it leaves a lookup's answer outstanding.
-        An iterator argument is read first, outside the lock: one that calls
-        this manager (from any thread) must not find the lock held."""
-        args = tuple(list(a) if isinstance(a, Iterator) else a for a in args)
+        An iterator of hashes (the first argument, where there is one) is
+        read first, outside the lock: one that calls this manager (from any
+        thread) must not find the lock held. (Lists, what callers pass, cost
+        one type check: this runs on every call the host's scheduler makes.)"""
+        if args and type(args[0]) is not list and isinstance(args[0], Iterator):
+            args = (list(args[0]), *args[1:])
         lock = self._lock
         lock.acquire()
         try:
