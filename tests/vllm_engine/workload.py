@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import random
 import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -125,10 +126,21 @@ def failing_engine_start() -> Iterator[None]:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now, below the kernel's ephemeral
+    range: vLLM picks its own ports (torch.distributed's store, its message
+    queues) by binding port 0 while the engine starts, before the spec binds
+    the admin port, and a port from that range could be handed to vLLM in
+    between (CI saw it once, with two tensor-parallel workers)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    for port in random.sample(range(10000, low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in 10000-{low - 1}")
 
 
 def kvoffload_extra(**extra: Any) -> dict[str, Any]:
