@@ -2862,13 +2862,14 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         PyErr_Format(PyExc_TypeError, "first must be an int or None, got %R", a[4]);
         return NULL;
     }
-    Py_ssize_t n = PyLong_AsSsize_t(a[1]);
-    if (n == -1 && PyErr_Occurred())
-        return NULL;
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %zd", n);
+    int n_over;
+    long long nv = PyLong_AsLongLongAndOverflow(a[1], &n_over);
+    if (n_over < 0 || (!n_over && nv < 0)) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", a[1]);
         return NULL;
     }
+    /* more than a table can hold: no room (None below), as in the reference */
+    Py_ssize_t n = n_over || nv > MAX_ENTRIES ? (Py_ssize_t)MAX_ENTRIES + 1 : (Py_ssize_t)nv;
     Py_ssize_t first = n;
     if (a[4] != NULL && a[4] != Py_None) {
         int overflow;
