@@ -6,7 +6,9 @@ random program to both and requires the same return values, the same
 exceptions (type and arguments) and the same full state after every step,
 with ``bytes`` keys, ``int`` keys and keys of a class with its own
 ``__hash__``/``__eq__`` (colliding hashes); every argument is built afresh
-for each table, so keys are found by equality, not identity. Targeted tests
+for each table, so keys are found by equality, not identity, but for one
+machine that passes the same key objects every other call (as a host does:
+the C table's look-up tries identity first). Targeted tests
 cover what the reference cannot show: re-entrancy, reference counts,
 memory, growth to 200,000 entries and back, and the C table's own checks
 (``_check()`` walks its lists, counters, free list and index).
@@ -485,12 +487,30 @@ class CustomKeyMachine(TableMachine):
     make_key = staticmethod(Key)
 
 
+SAME_KEYS = [bytes_key(i) for i in range(N_KEYS)]
+
+
+class SameKeyMachine(TableMachine):
+    """The same key objects every other call, a new copy in between (a host
+    passes a request's hash objects to hint, touch, lookup and
+    prepare_store): a key found by identity and one found by equality must
+    be the same entry."""
+
+    calls = 0
+
+    def make_key(self, i: int) -> bytes:  # type: ignore[override]
+        self.calls += 1
+        return SAME_KEYS[i] if self.calls % 2 else bytes_key(i)
+
+
 TestBytesKeys = BytesKeyMachine.TestCase
 TestBytesKeys.settings = MACHINE_SETTINGS
 TestIntKeys = IntKeyMachine.TestCase
 TestIntKeys.settings = MACHINE_SETTINGS
 TestCustomKeys = CustomKeyMachine.TestCase
 TestCustomKeys.settings = MACHINE_SETTINGS
+TestSameKeys = SameKeyMachine.TestCase
+TestSameKeys.settings = MACHINE_SETTINGS
 
 
 # -- targeted tests: behaviour ----------------------------------------------
@@ -928,12 +948,20 @@ def test_evict_rejects_what_the_spec_leaves_undefined(impl: Any) -> None:
         t.evict(0, 1, (), b=0)
     with pytest.raises(ValueError, match="n must be >= 0"):
         t.evict(0, -1, (), first=1)
+    with pytest.raises(ValueError, match=r"n must be >= 0, got -1180591620717411303424\b"):
+        t.evict(0, -(2**70), ())
     with pytest.raises(TypeError, match="n must be an int"):
         t.evict(0, 1.0, (), first=1)
     with pytest.raises(TypeError, match="first must be an int or None"):
         t.evict(0, 1, (), first=1.0)
     with pytest.raises(ValueError, match="ghost tag"):
         t.evict(0, 1, (), ghost_b=0)
+    assert state(t) == before
+    # more victims than any table holds: no room, as for any n above the
+    # blocks there are (the C table raised OverflowError past 2**63 - 1)
+    for n in (2**31, 2**63, 2**70):
+        assert t.evict(0, n, ()) is None
+        assert t.evict(0, n, (), b=1, target=1.5) is None
     assert state(t) == before
     assert t.evict(0, 0, ()) == ([], [], 0)
     assert t.evict(0, 1, (), first=-5) == ([bytes_key(5)], [5], 1)  # as first=0
