@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 
-from app.settings import Settings
+from app.settings import Settings, env_name, flag_name
+from kvoffload.errors import ConfigError
 from kvoffload.runtime import Engine, EngineConfig, EngineObserver
 from kvoffload.runtime.trace import load_mooncake_trace
 from kvoffload.runtime.workloads import Workload, loop
@@ -23,9 +25,37 @@ logger = logging.getLogger(__name__)
 BUILTIN_WORKLOAD = "builtin"
 
 
+#: EngineConfig's names of the settings it is given (the others are the same)
+_SETTING_OF = {"num_gpu_blocks": "gpu_blocks"}
+
+
+def _in_settings_words(message: str) -> str:
+    """``message`` with each EngineConfig field named as its setting: the
+    first mention as its flag and variable, the later ones as its flag."""
+    said: set[str] = set()
+
+    def name(match: re.Match[str]) -> str:
+        setting = _SETTING_OF.get(match[0], match[0])
+        if setting not in Settings.model_fields:
+            return match[0]
+        first = setting not in said
+        said.add(setting)
+        return f"{flag_name(setting)} / {env_name(setting)}" if first else flag_name(setting)
+
+    return re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", name, message)
+
+
 def engine_config(settings: Settings) -> EngineConfig:
-    """The engine configuration the settings describe (raises
-    :class:`~kvoffload.errors.ConfigError` when they do not fit together)."""
+    """The engine configuration the settings describe. Raises
+    :class:`~kvoffload.errors.ConfigError` when they do not fit together,
+    naming the flags and variables (the library names its own fields)."""
+    try:
+        return _engine_config(settings)
+    except ConfigError as exc:
+        raise type(exc)(_in_settings_words(str(exc))) from exc
+
+
+def _engine_config(settings: Settings) -> EngineConfig:
     return EngineConfig(
         policy=settings.policy,
         num_cpu_blocks=settings.num_cpu_blocks,

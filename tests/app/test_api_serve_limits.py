@@ -506,7 +506,8 @@ def test_padded_or_empty_token_is_refused_at_start(token: str) -> None:
         (
             ["--max-waiting-requests", "2", "--max-requests-per-step", "4"],
             2,
-            "max_waiting_requests (2) must be at least max_requests_per_step (4)",
+            "--max-waiting-requests / KVOFFLOAD_MAX_WAITING_REQUESTS (2) must be at least "
+            "--max-requests-per-step / KVOFFLOAD_MAX_REQUESTS_PER_STEP (4)",
         ),
     ],
 )

@@ -108,7 +108,18 @@ def test_bad_settings_exit_2_with_a_clear_line(
         (["--workload", "/no/such/trace.jsonl"], "trace file not found: /no/such/trace.jsonl"),
         # once served, logging "0 requests ... looped endlessly"
         (["--workload", "/dev/null"], "/dev/null: no requests (the file is empty"),
-        (["--gpu-block-size", "48"], "must be a multiple of gpu_block_size (48)"),
+        # the library's cross-field checks, in the flags' and variables' words
+        (
+            ["--gpu-block-size", "48"],
+            "error: --offloaded-block-size / KVOFFLOAD_OFFLOADED_BLOCK_SIZE (64) must be a "
+            "multiple of --gpu-block-size / KVOFFLOAD_GPU_BLOCK_SIZE (48)",
+        ),
+        (
+            ["--gpu-blocks", "1"],
+            "error: --gpu-blocks / KVOFFLOAD_GPU_BLOCKS (1) must hold one offloaded block "
+            "(4 GPU blocks); raise --gpu-blocks or lower --offloaded-block-size / "
+            "KVOFFLOAD_OFFLOADED_BLOCK_SIZE",
+        ),
         (["--device", "cuda:7"], "device 'cuda:7' is not available"),
         (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda[:n]'"),
     ],
