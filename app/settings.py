@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.policy_name import SettingsPolicyName
-from kvoffload.policies import available_policies
+from kvoffload.policies import available_policies, import_policy_modules
 
 __all__ = ["ENV_PREFIX", "RENAMED", "LogLevel", "Settings", "env_name", "flag_name", "is_loopback"]
 
@@ -70,6 +70,14 @@ class Settings(BaseSettings):
     )
 
     # -- cache and engine ----------------------------------------------------
+    # before `policy`: fields are validated in this order, and the modules
+    # register the names `policy` may take
+    imports: str = Field(
+        default="",
+        description="comma-separated modules to import first: modules that register "
+        "policies of their own (kvoffload.policies.register_policy), so that --policy "
+        "and PUT /v1/policy can name them",
+    )
     policy: SettingsPolicyName = Field(
         default="lru",
         description=f"eviction policy at start: {', '.join(available_policies())}",
@@ -218,6 +226,17 @@ class Settings(BaseSettings):
             new = RENAMED[str(info.field_name)]
             raise ValueError(f"renamed: use {flag_name(new)} / {env_name(new)}")
         return value
+
+    @field_validator("imports")
+    @classmethod
+    def _import(cls, value: str) -> str:
+        modules = [m.strip() for m in value.split(",")] if value.strip() else []
+        if "" in modules:
+            raise ValueError(
+                f"an empty module name in {value!r}; give module names, comma-separated"
+            )
+        import_policy_modules(modules)  # a PolicyError is a ValueError: one line, this field's
+        return ",".join(modules)
 
     @field_validator("admin_token", "read_token", mode="before")
     @classmethod

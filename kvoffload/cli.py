@@ -8,7 +8,6 @@ with the ``app`` extra). Usage errors print one line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -189,23 +188,15 @@ class _Row:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from kvoffload.policies import available_policies
+    from kvoffload.errors import PolicyError
+    from kvoffload.policies import available_policies, import_policy_modules
     from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
     from kvoffload.runtime.trace import load_mooncake_trace
 
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # any failure of user code: one clear line
-            hint = (
-                " (it must be importable: installed, or on PYTHONPATH, e.g. PYTHONPATH=. for "
-                "the current folder, which the kvoffload command does not search)"
-                if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]
-                else ""
-            )
-            raise UsageError(
-                f"cannot import {module!r}: {type(exc).__name__}: {exc}{hint}"
-            ) from exc
+    try:
+        import_policy_modules(args.imports)
+    except PolicyError as exc:
+        raise UsageError(str(exc)) from exc
     valid = available_policies()
     policies = list(valid) if args.policy is None else _split(args.policy.lower(), "policy")
     unknown = [p for p in policies if p not in valid]

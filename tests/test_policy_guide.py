@@ -10,6 +10,7 @@ import sys
 import types
 from pathlib import Path
 
+import httpx
 import pytest
 
 import kvoffload.policies as policies
@@ -63,3 +64,18 @@ def test_guide_example_runs_through_replay_import(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert '"policy": "fifo"' in done.stdout and '"policy": "lru"' in done.stdout
+
+
+def test_guide_example_is_served_through_serve_imports(tmp_path: Path) -> None:
+    """`kvoffload serve --imports fifo_policy --policy fifo` starts on it, and
+    the admin API lists it and switches to and from it."""
+    from tests.app.served import ADMIN, READ, ROOT, served
+
+    (tmp_path / "fifo_policy.py").write_text(_example())
+    path = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    with served("--imports", "fifo_policy", "--policy", "fifo", env=path) as s:
+        got = httpx.get(f"{s.base}/v1/policy", headers=READ).json()
+        assert got["policy"] == "fifo" and "fifo" in got["available"]
+        for policy in ("lru", "fifo"):
+            put = httpx.put(f"{s.base}/v1/policy", json={"policy": policy}, headers=ADMIN)
+            assert put.status_code == 200 and put.json()["policy"] == policy, put.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable
 
 from kvoffload.errors import PolicyError
 from kvoffload.policies.base import EvictionPolicy, Victims
@@ -23,6 +24,7 @@ __all__ = [
     "Victims",
     "available_policies",
     "create_policy",
+    "import_policy_modules",
     "policy_class",
     "register_policy",
 ]
@@ -96,3 +98,23 @@ def register_policy(name: str, target: str) -> None:
     if name in _REGISTRY:
         raise PolicyError(f"eviction policy {name!r} is already registered")
     _REGISTRY[name] = target
+
+
+def import_policy_modules(modules: Iterable[str]) -> None:
+    """Import each module, in order: modules that register policies of their
+    own (``kvoffload replay --import``, ``kvoffload serve --imports``).
+    :class:`PolicyError` naming the module and what went wrong (a module not
+    found says where it would have to be), for any failure of its code."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # any failure of user code: one clear line
+            hint = (
+                " (it must be importable: installed, or on PYTHONPATH, e.g. PYTHONPATH=. for "
+                "the current folder, which the kvoffload command does not search)"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == module.split(".")[0]
+                else ""
+            )
+            raise PolicyError(
+                f"cannot import {module!r}: {type(exc).__name__}: {exc}{hint}"
+            ) from exc

@@ -91,6 +91,12 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
         (["--speed", "-1"], "--speed / KVOFFLOAD_SPEED"),
         (["--host", "0.0.0.0"], "without an admin token"),
         (["--num-cpu-blocks", "0"], "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS"),
+        (
+            ["--imports", "no_such_policies_xyz", "--policy", "fifo"],
+            "--imports / KVOFFLOAD_IMPORTS: cannot import 'no_such_policies_xyz': "
+            "ModuleNotFoundError: No module named 'no_such_policies_xyz' (it must be importable",
+        ),
+        (["--imports", "json,,os"], "an empty module name in 'json,,os'"),
     ],
 )
 def test_bad_settings_exit_2_with_a_clear_line(
@@ -234,6 +240,8 @@ def _is_default(field: str, documented: str) -> bool:
     default = Settings.model_fields[field].default
     if default is None:
         return documented == "unset"
+    if default == "":
+        return documented == "(none)"
     if isinstance(default, bool):
         return documented == str(default).lower()
     if isinstance(default, int | float):
