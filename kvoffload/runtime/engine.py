@@ -84,6 +84,10 @@ class Engine:
                 )
             )
         tbs = workload.trace_block_size
+        if isinstance(tbs, bool) or not isinstance(tbs, int) or tbs <= 0:
+            raise ConfigError(
+                f"the workload's block size must be a positive integer (tokens), got {tbs!r}"
+            )
         if tbs % config.gpu_block_size and config.gpu_block_size % tbs:
             raise ConfigError(
                 f"the workload's block size {tbs} and gpu_block_size {config.gpu_block_size} "
@@ -158,6 +162,9 @@ class Engine:
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stop_requested = False
         self._thread: threading.Thread | None = None
+        # held by run() (stop() waits for it), and run()'s thread
+        self._run_lock = threading.Lock()
+        self._runner: int | None = None
         self._snapshot = self._take_snapshot()
 
     # -- public surface ----------------------------------------------------
@@ -211,6 +218,7 @@ class Engine:
         """Run the loop in a background thread."""
         if self._thread is not None:
             raise RuntimeError("engine already started")
+        self._check_not_running("start()")
         self._thread = threading.Thread(
             target=self._run_safely, name="kvoffload-engine", daemon=True
         )
@@ -232,32 +240,65 @@ class Engine:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.error("engine thread did not stop within %.1f s", timeout)
+        elif self._runner == threading.get_ident():
+            pass  # from run()'s own thread (an observer): run() stops after this step
+        elif self._run_lock.acquire(timeout=timeout):
+            # no run() in progress, or it has returned, having stopped the engine
+            try:
+                if self._state != "stopped":
+                    self._finish()
+            finally:
+                self._run_lock.release()
         else:
-            self._finish()
+            logger.error("engine run() did not stop within %.1f s", timeout)
         return self._snapshot
 
     def run(self, max_steps: int | None = None) -> EngineSnapshot:
-        """Run on the calling thread until the workload ends or ``max_steps``
-        steps were taken (paced by ``config.speed``); finishes in-flight jobs
-        and returns the snapshot."""
-        if self._state == "created":
-            self._state = "running"
-        done = 0
-        while max_steps is None or done < max_steps:
-            self._apply_commands(block=False)
-            if self._state == "paused":
-                break
-            wait = self._queue.due_in()
-            if wait > 0:
-                # commands sent meanwhile (a pause) take effect before the step
-                self._apply_commands(block=True, timeout=wait)
-                continue
-            if not self.step():
-                break
-            done += 1
-        self._jobs.drain()
-        self._publish()
+        """Run on the calling thread until the workload ends (state
+        ``finished``), ``max_steps`` steps were taken, the engine is paused or
+        :meth:`stop` is called (from any thread; the engine then stops, as
+        there); paced by ``config.speed``. Finishes in-flight jobs and returns
+        the snapshot. :class:`RuntimeError` while the engine runs elsewhere
+        (:meth:`start`, or ``run`` on another thread);
+        :class:`EngineStoppedError` once it has stopped."""
+        if self._thread is not None:
+            raise RuntimeError("the engine runs in its own thread (start()); use stop() to end it")
+        if not self._run_lock.acquire(blocking=False):
+            self._check_not_running("run()")
+        if self._state == "stopped":
+            self._run_lock.release()
+            raise EngineStoppedError("the engine has stopped; it cannot run again")
+        self._runner = threading.get_ident()
+        try:
+            if self._state == "created":
+                self._state = "running"
+            done = 0
+            while (max_steps is None or done < max_steps) and not self._stop_requested:
+                self._apply_commands(block=False)
+                if self._state == "paused" or self._stop_requested:
+                    break
+                wait = self._queue.due_in()
+                if wait > 0:
+                    # commands sent meanwhile (a pause) take effect before the step
+                    self._apply_commands(block=True, timeout=min(wait, 0.5))
+                    continue
+                if not self.step():
+                    self._state = "finished"
+                    break
+                done += 1
+            if self._stop_requested:
+                self._finish()
+            else:
+                self._jobs.drain()
+                self._publish()
+        finally:
+            self._runner = None
+            self._run_lock.release()
         return self._snapshot
+
+    def _check_not_running(self, what: str) -> None:
+        if self._run_lock.locked():
+            raise RuntimeError(f"the engine is already running (in run()): {what} refused")
 
     # -- command handling ----------------------------------------------------
 

@@ -682,3 +682,12 @@ def test_a_switch_to_the_current_policy_is_not_the_last_switch_anyone_is_told_of
     assert again.result(timeout=0).changed_nothing and not real.result(timeout=0).changed_nothing
     assert [r.detail["from"] for r in seen] == ["lru"]
     assert snap.commands["switch_policy"] is real.result(timeout=0)
+
+
+@pytest.mark.parametrize("size", [0, -16, 16.0, True])
+def test_engine_refuses_a_workload_block_size_that_is_not_a_count(size: object) -> None:
+    # 0 and -16 passed the divisibility check (0 % 16 == 0) and crashed the
+    # engine's thread at its first step
+    workload = TraceWorkload([], name="odd", trace_block_size=size)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"block size must be a positive integer \(tokens\), got"):
+        Engine(small_config(), workload)

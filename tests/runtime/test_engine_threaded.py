@@ -6,6 +6,7 @@ which a paused engine must not take a step.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -222,3 +223,91 @@ def test_engine_command_racing_with_stop_still_fails() -> None:
     future = engine.pause()
     assert engine.state == "stopped"
     assert isinstance(future.exception(timeout=1.0), EngineStoppedError)
+
+
+# --------------------------------------------------------------------------- run() on a thread
+
+
+def run_in_thread(engine: Engine, **kwargs: object) -> tuple[threading.Thread, list[BaseException]]:
+    """``engine.run(**kwargs)`` on a thread of its own; what it raised."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            engine.run(**kwargs)  # type: ignore[arg-type]
+        except BaseException as e:  # handed to the test
+            raised.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_stop_ends_a_run_on_another_thread() -> None:
+    # stop() once left run() stepping an engine it called stopped, for ever
+    engine = endless()
+    thread, raised = run_in_thread(engine)
+    wait_for(engine, lambda s: s.step >= 5)
+    final = engine.stop(timeout=TIMEOUT)
+    thread.join(TIMEOUT)
+    assert not thread.is_alive() and raised == []
+    assert final.state == engine.state == "stopped"
+    assert (final.manager.in_flight, final.manager.pinned) == (0, 0)
+    time.sleep(0.1)
+    assert engine.snapshot().step == final.step  # no step after the stop
+
+
+def test_run_is_refused_while_the_engine_runs_elsewhere() -> None:
+    # run() beside start()'s thread crashed both ("the hint queue is out of
+    # step with the waiting queue") and stopped the engine
+    engine = endless()
+    engine.start()
+    wait_for(engine, lambda s: s.step >= 2)
+    with pytest.raises(RuntimeError, match=r"its own thread \(start\(\)\)"):
+        engine.run(max_steps=50)
+    assert engine.state == "running"
+    engine.stop(timeout=TIMEOUT)
+
+    engine = endless()
+    thread, raised = run_in_thread(engine)
+    wait_for(engine, lambda s: s.step >= 2)
+    with pytest.raises(RuntimeError, match=r"already running \(in run\(\)\): run\(\) refused"):
+        engine.run(max_steps=5)
+    with pytest.raises(RuntimeError, match=r"start\(\) refused"):
+        engine.start()
+    engine.stop(timeout=TIMEOUT)
+    thread.join(TIMEOUT)
+    assert raised == [] and engine.state == "stopped"
+
+
+def test_a_stopped_engine_does_not_run_again() -> None:
+    engine = endless()
+    engine.run(max_steps=3)
+    engine.stop(timeout=TIMEOUT)
+    with pytest.raises(EngineStoppedError, match="cannot run again"):
+        engine.run(max_steps=5)
+    assert (engine.state, engine.snapshot().step) == ("stopped", 3)
+
+
+def test_run_to_the_end_of_a_workload_is_finished() -> None:
+    # as on the engine's thread (and for /readyz); run() left it "running"
+    workload = SyntheticWorkload(
+        SyntheticConfig(seed=2, num_requests=10, trace_block_size=BLOCK, open_chats=4)
+    )
+    engine = Engine(config(), workload)
+    done = engine.run()
+    assert (done.state, done.runtime.requests) == ("finished", 10)
+
+
+def test_run_waits_out_a_very_slow_replay_until_stopped() -> None:
+    # speed 1e-12 made the first wait overflow: OverflowError from run()
+    workload = SyntheticWorkload(
+        SyntheticConfig(seed=2, num_requests=10, trace_block_size=BLOCK, open_chats=4)
+    )
+    engine = Engine(config(speed=1e-12), workload)
+    thread, raised = run_in_thread(engine)
+    time.sleep(0.3)
+    engine.stop(timeout=TIMEOUT)
+    thread.join(TIMEOUT)
+    assert not thread.is_alive() and raised == []
+    assert engine.state == "stopped"
