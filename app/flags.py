@@ -8,15 +8,25 @@ validated by the settings model, so both spellings fail the same way.
 from __future__ import annotations
 
 import argparse
+import difflib
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
 from app.settings import ENV_PREFIX, RENAMED, Settings, env_name, flag_name
+from kvoffload.cli import OneLineParser
 
-__all__ = ["ENV_ONLY", "build_parser", "describe_errors", "env_name", "flag_name", "parse_settings"]
+__all__ = [
+    "ENV_ONLY",
+    "build_parser",
+    "describe_errors",
+    "env_name",
+    "flag_name",
+    "parse_settings",
+    "unknown_variables",
+]
 
 #: secrets stay out of argv, where every process listing shows them
 ENV_ONLY = frozenset({"admin_token", "read_token"})
@@ -34,7 +44,8 @@ when no OTLP endpoint is set).
 
 
 def build_parser(prog: str = "kvoffload serve") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # errors on one line, as every other start-up error (not the usage block)
+    parser = OneLineParser(
         prog=prog,
         description="Run the kvoffload engine and its admin API (REST, SSE, /metrics).",
         epilog=_EPILOG,
@@ -74,6 +85,26 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
     exit (status 2); invalid values raise :class:`~pydantic.ValidationError`."""
     namespace = build_parser().parse_args(list(argv) if argv is not None else None)
     return Settings(**vars(namespace))
+
+
+#: variables with the prefix that are not settings: the install and test scripts'
+OTHER_VARIABLES = frozenset(
+    ENV_PREFIX + name
+    for name in ("PURE_PYTHON", "TORCH", "TORCH_SPEC", "VLLM_ENV", "VLLM_TIER", "VLLM_WHEEL")
+)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``KVOFFLOAD_*`` variable that is no setting (a typo is
+    otherwise ignored in silence), with the nearest setting's name."""
+    known = [env_name(name) for name in Settings.model_fields]
+    lines = []
+    for var in sorted(environ):
+        if var.startswith(ENV_PREFIX) and var not in known and var not in OTHER_VARIABLES:
+            near = difflib.get_close_matches(var, known, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            lines.append(f"{var} is not a setting and is ignored{hint}")
+    return lines
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

@@ -14,12 +14,13 @@ The web stack and the engine (torch) are imported when first needed, so that
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from app.flags import describe_errors, parse_settings
+from app.flags import describe_errors, parse_settings, unknown_variables
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def run(argv: list[str] | None = None) -> int:
         for line in describe_errors(exc):
             sys.stderr.write(f"kvoffload serve: error: {line}\n")
         return EXIT_USAGE
+    for line in unknown_variables(os.environ):
+        sys.stderr.write(f"kvoffload serve: warning: {line}\n")
     _configure_logging(settings.log_level)
     from app.server import serve
 

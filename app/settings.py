@@ -238,6 +238,13 @@ class Settings(BaseSettings):
         import_policy_modules(modules)  # a PolicyError is a ValueError: one line, this field's
         return ",".join(modules)
 
+    @field_validator("workload")
+    @classmethod
+    def _workload_named(cls, value: str) -> str:
+        if not value.strip():  # was read as the current folder: "a directory, not a file"
+            raise ValueError("empty; give 'builtin' or the path of a Mooncake JSONL trace")
+        return value
+
     @field_validator("admin_token", "read_token", mode="before")
     @classmethod
     def _token_as_written(cls, value: object) -> object:

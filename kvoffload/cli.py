@@ -24,7 +24,7 @@ from kvoffload.table import IMPLEMENTATION
 if TYPE_CHECKING:
     from kvoffload.replay import BeladyResult, ReplayResult, ReplayTrace
 
-__all__ = ["main"]
+__all__ = ["OneLineParser", "main"]
 
 EXIT_USAGE = 2
 #: the statuses a shell gives a command killed by SIGINT and SIGPIPE
@@ -33,7 +33,7 @@ EXIT_BROKEN_PIPE = 141
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """argparse with errors on one line: what is wrong, then where to look."""
 
     def error(self, message: str) -> NoReturn:
@@ -44,8 +44,8 @@ class UsageError(Exception):
     """A bad argument found after parsing (capacity, policy, trace file)."""
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(
+def _build_parser() -> OneLineParser:
+    parser = OneLineParser(
         prog="kvoffload",
         description="KV-cache offloading: offline policy replay and the admin service.",
     )
@@ -55,7 +55,7 @@ def _build_parser() -> _Parser:
         version=f"kvoffload {__version__} (block table: {IMPLEMENTATION})",
     )
     commands = parser.add_subparsers(
-        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+        dest="command", metavar="COMMAND", required=True, parser_class=OneLineParser
     )
 
     replay = commands.add_parser(
@@ -416,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.argv = extra
     elif extra:
         # blame the subcommand, whose --help lists what it takes
-        _Parser(prog=f"{parser.prog} {args.command}").error(
+        OneLineParser(prog=f"{parser.prog} {args.command}").error(
             f"unrecognized arguments: {' '.join(extra)}"
         )
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -15,6 +15,7 @@ import torch
 
 from kvoffload.abstract import BlockHash
 from kvoffload.errors import ConfigError
+from kvoffload.transfer.cpu_gpu import DEFAULT_RAM_FRACTION, default_max_cpu_bytes
 from kvoffload.transfer.layout import Layout
 
 __all__ = ["GPUKVStore", "block_pattern", "hash_seed"]
@@ -110,10 +111,27 @@ class GPUKVStore:
             shape = (num_blocks, 2, block_size, num_kv_heads, head_size)
         else:
             raise ConfigError(f"layout must be 'kv_first' or 'blocks_first', got {layout!r}")
-        self.tensors: dict[str, torch.Tensor] = {
-            f"layer.{i}": torch.zeros(shape, dtype=tdtype, device=self.device)
-            for i in range(num_layers)
-        }
+        need = 2 * per_block * num_blocks * num_layers
+        limit = default_max_cpu_bytes() if self.device.type == "cpu" else None
+        if limit is not None and need > limit:
+            raise ConfigError(
+                f"the simulated GPU KV cache needs {need} bytes ({num_blocks} GPU blocks x "
+                f"{num_layers} layers x 2 x {per_block} bytes) on the CPU, above {limit} "
+                f"({DEFAULT_RAM_FRACTION:.0%} of this machine's memory); lower the GPU blocks "
+                "or layers (kvoffload serve: --gpu-blocks / KVOFFLOAD_GPU_BLOCKS, --num-layers "
+                "/ KVOFFLOAD_NUM_LAYERS)"
+            )
+        try:
+            self.tensors: dict[str, torch.Tensor] = {
+                f"layer.{i}": torch.zeros(shape, dtype=tdtype, device=self.device)
+                for i in range(num_layers)
+            }
+        except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+            raise ConfigError(
+                f"cannot allocate the simulated GPU KV cache ({need} bytes on {device}): {e}; "
+                "lower the GPU blocks or layers (kvoffload serve: --gpu-blocks / "
+                "KVOFFLOAD_GPU_BLOCKS, --num-layers / KVOFFLOAD_NUM_LAYERS)"
+            ) from e
         # int32 block-major views: one per layer (blocks_first) or two (K, V).
         self._rows: list[torch.Tensor] = []
         for t in self.tensors.values():

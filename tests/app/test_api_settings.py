@@ -9,7 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from app.engine_setup import engine_config, load_workload
-from app.flags import ENV_ONLY, build_parser, env_name, flag_name, parse_settings
+from app.flags import (
+    ENV_ONLY,
+    build_parser,
+    env_name,
+    flag_name,
+    parse_settings,
+    unknown_variables,
+)
 from app.main import run
 from app.settings import RENAMED, Settings
 from kvoffload.policies import available_policies
@@ -97,6 +104,7 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
             "ModuleNotFoundError: No module named 'no_such_policies_xyz' (it must be importable",
         ),
         (["--imports", "json,,os"], "an empty module name in 'json,,os'"),
+        (["--workload", " "], "--workload / KVOFFLOAD_WORKLOAD: empty; give 'builtin' or the path"),
     ],
 )
 def test_bad_settings_exit_2_with_a_clear_line(
@@ -128,6 +136,17 @@ def test_bad_settings_exit_2_with_a_clear_line(
         ),
         (["--device", "cuda:7"], "device 'cuda:7' is not available"),
         (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda[:n]'"),
+        # a traceback from torch's allocator, and a minute of allocating layers
+        (
+            ["--device", "cpu", "--gpu-blocks", "1000000000"],
+            "the simulated GPU KV cache needs 4096000000000 bytes (1000000000 GPU blocks x 2 "
+            "layers x 2 x 1024 bytes) on the CPU, above",
+        ),
+        (
+            ["--device", "cpu", "--num-layers", "100000000"],
+            "lower the GPU blocks or layers (kvoffload serve: --gpu-blocks / "
+            "KVOFFLOAD_GPU_BLOCKS, --num-layers / KVOFFLOAD_NUM_LAYERS)",
+        ),
     ],
 )
 def test_bad_inputs_fail_before_serving(
@@ -270,3 +289,37 @@ def test_readme_configuration_names_only_current_settings() -> None:
     assert variables - {"OTEL_EXPORTER_OTLP_ENDPOINT"} <= known
     flags = {f.strip("` ") for row in rows for f in row[1].split("/")} - {"—"}
     assert flags <= {flag_name(name) for name in Settings.model_fields if name not in RENAMED}
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--speed"], "argument --speed: expected one argument"),
+    ],
+)
+def test_flag_errors_are_one_line(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse printed its 27-line usage block first
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"kvoffload serve: error: {line}" + err.split(line, 1)[1]
+    assert len(err.splitlines()) == 1 and "(see 'kvoffload serve --help')" in err
+
+
+def test_unknown_variables_are_warned_about_with_the_nearest_setting() -> None:
+    # a typo (KVOFFLOAD_SPEEED=0) was ignored in silence
+    environ = {
+        "KVOFFLOAD_SPEEED": "0",
+        "KVOFFLOAD_SPEED": "0",
+        "KVOFFLOAD_TORCH": "torch==2.13.0",  # scripts/install's, not a setting
+        "KVOFFLOAD_CAPACITY": "8",  # renamed: refused by the settings themselves
+        "PATH": "/bin",
+    }
+    assert unknown_variables(environ) == [
+        "KVOFFLOAD_SPEEED is not a setting and is ignored; did you mean KVOFFLOAD_SPEED?"
+    ]
