@@ -189,13 +189,20 @@ def test_stream_ids_are_seqs_and_resume_with_last_event_id(client: TestClient) -
         data = json.loads(e["data"])
         assert data["seq"] == int(e["id"])
         assert e["event"] == data["kind"]
-    # reconnect after the second record: the header wins over after_seq
+    # reconnect after the second record: the larger cursor wins, the header's
     resumed = read_stream(
         client,
         "/v1/events/stream?after_seq=0&limit=3",
         {**READ_HEADERS, "Last-Event-ID": str(start + 2)},
     )
     assert [int(e["id"]) for e in resumed if "id" in e] == [start + 3, start + 4, start + 5]
+    # ... or after_seq's, when it is the larger
+    ahead = read_stream(
+        client,
+        f"/v1/events/stream?after_seq={start + 5}&limit=2",
+        {**READ_HEADERS, "Last-Event-ID": str(start + 1)},
+    )
+    assert [int(e["id"]) for e in ahead if "id" in e] == [start + 6, start + 7]
 
 
 def test_stream_reports_missed_records(make_client: ClientFactory) -> None:

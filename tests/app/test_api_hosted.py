@@ -188,3 +188,51 @@ def test_the_docs_embedding_example_runs() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["arc", "1"]
     assert ADMIN not in done.stderr
+
+
+class SlowKey:
+    """A block hash whose hashing takes a while: the host's call holds the
+    manager's lock that long."""
+
+    def __hash__(self) -> int:
+        time.sleep(1.0)
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+
+def test_a_command_that_timed_out_is_still_applied() -> None:
+    # docs/api.md: 504 engine_timeout, "the command stays queued"
+    manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8), policy="lru")
+    target = HostedManager(manager)
+    server = start_admin_server(target, small_settings(port=0, command_timeout=0.2))
+    try:
+        busy = threading.Thread(target=target.lookup, args=([SlowKey()],))
+        busy.start()
+        time.sleep(0.1)  # the host's call holds the lock now
+        r = httpx.put(
+            f"{server.url}/v1/policy", json={"policy": "arc"}, headers=ADMIN_HEADERS, timeout=5
+        )
+        assert r.status_code == 504 and r.json()["error"]["code"] == "engine_timeout", r.text
+        busy.join(5)
+        got = httpx.get(f"{server.url}/v1/policy", headers=READ_HEADERS).json()
+        assert (got["policy"], got["version"]) == ("arc", 2)
+    finally:
+        server.stop()
+
+
+def test_event_routes_of_a_manager_without_events_are_409() -> None:
+    # docs/api.md: 409 events_disabled, on every event route
+    manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8), policy="lru")
+    server = start_admin_server(HostedManager(manager), small_settings(port=0))
+    try:
+        answers = [
+            httpx.get(f"{server.url}/v1/events", headers=READ_HEADERS),
+            httpx.get(f"{server.url}/v1/events/stream", headers=READ_HEADERS),
+            httpx.post(f"{server.url}/v1/events:drain", json={}, headers=ADMIN_HEADERS),
+        ]
+        for r in answers:
+            assert r.status_code == 409 and r.json()["error"]["code"] == "events_disabled", r.text
+    finally:
+        server.stop()

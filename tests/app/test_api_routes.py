@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from app.main import create_app
 from app.settings import Settings
 from kvoffload.policies import available_policies
 from kvoffload.runtime import CommandResult, Engine, EngineObserver
+
+TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def wait_for(client: TestClient, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
@@ -206,6 +209,23 @@ def test_livez_and_readyz(client: TestClient) -> None:
     r = client.get("/readyz")
     assert r.status_code == 200
     assert r.json()["state"] == "running"
+
+
+def test_a_replay_that_finished_is_ready(tmp_path: Path) -> None:
+    # docs/api.md: /readyz 200 "finished" for a non-looping replay, and
+    # kvoffload_runtime_up 1 (the engine-stopped alert must not page)
+    lines = TRACE.read_text().splitlines()[:20]
+    trace = tmp_path / "short.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    app = create_app(small_settings(workload=str(trace), loop=False))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/readyz").json().get("state") != "finished":
+            assert time.monotonic() < deadline, client.get("/readyz").json()
+            time.sleep(0.02)
+        r = client.get("/readyz")
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.json()
+        assert "kvoffload_runtime_up 1.0" in client.get("/metrics", headers=READ_HEADERS).text
 
 
 def test_readyz_is_503_when_engine_stopped(client: TestClient) -> None:
