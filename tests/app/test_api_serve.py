@@ -3,14 +3,16 @@ exercised over HTTP, stopped with SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from served import SMALL_ENGINE_FLAGS, free_port, serve, wait_ready
+from served import ROOT, SMALL_ENGINE_FLAGS, free_port, serve, wait_ready
 
 TOKEN = "serve-test-admin-token"
 
@@ -99,3 +101,42 @@ def test_serve_help_names_env_vars() -> None:
     assert proc.returncode == 0
     for name in ("--host", "KVOFFLOAD_HOST", "--port", "KVOFFLOAD_PORT", "KVOFFLOAD_ADMIN_TOKEN"):
         assert name in out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        # docs/api.md's other ways to start the service
+        lambda port: [sys.executable, "-m", "app", "--port", str(port), *SMALL_ENGINE_FLAGS],
+        lambda port: [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "app.main:create_app",
+            "--port",
+            str(port),
+        ],
+    ],
+    ids=["python -m app", "uvicorn --factory"],
+)
+def test_the_other_start_ups_serve(command: Callable[[int], list[str]]) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVOFFLOAD_", "OTEL_"))}
+    env.update(PYTHONPATH=str(ROOT), KVOFFLOAD_DEVICE="cpu", KVOFFLOAD_NUM_CPU_BLOCKS="64")
+    proc = subprocess.Popen(
+        command(port), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        assert httpx.get(f"{base}/v1/policy").json()["policy"] == "lru"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    # uvicorn re-raises the signal once it has shut down cleanly
+    clean = proc.returncode == 0 or (
+        proc.returncode == -signal.SIGTERM and "Application shutdown complete." in out
+    )
+    assert clean, out[-2000:]
