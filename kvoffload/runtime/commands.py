@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
-from kvoffload.errors import KVOffloadError
+from kvoffload.errors import ConfigError, KVOffloadError
 
 if TYPE_CHECKING:
     from kvoffload.manager import PolicyOffloadingManager
@@ -54,6 +54,10 @@ class Command:
     policy: str | None = None
     expected_version: int | None = None
 
+    def __post_init__(self) -> None:
+        # at once, where the switch is asked for (not in its future)
+        _check_expected(self.expected_version)
+
 
 @dataclass(frozen=True, slots=True)
 class CommandResult:
@@ -75,8 +79,17 @@ class CommandResult:
         return self.kind == "switch_policy" and self.detail.get("from") == self.detail.get("to")
 
 
+def _check_expected(expected: object) -> None:
+    # bool is an int subclass: True is not version 1
+    if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int)):
+        raise ConfigError(f"expected_version must be an integer or None, got {expected!r}")
+
+
 def check_version(expected: int | None, current: int) -> None:
-    """Raise :class:`VersionConflictError` unless ``expected`` is ``None`` or ``current``."""
+    """Raise :class:`VersionConflictError` unless ``expected`` is ``None`` or
+    ``current``; :class:`~kvoffload.errors.ConfigError` when it is not an
+    integer (or ``None``)."""
+    _check_expected(expected)
     if expected is not None and expected != current:
         raise VersionConflictError(expected, current)
 

@@ -8,9 +8,26 @@ from typing import Literal
 
 from kvoffload.errors import ConfigError
 from kvoffload.policies import policy_class
-from kvoffload.transfer.layout import Layout
+from kvoffload.transfer.layout import LAYOUTS, Layout
 
 __all__ = ["EngineConfig"]
+
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool (``True`` is no rate)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_device_name(device: object) -> bool:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``: the forms the engine takes."""
+    if not isinstance(device, str):
+        return False
+    if device in ("auto", "cpu", "cuda"):
+        return True
+    index = device.removeprefix("cuda:")
+    return index != device and index.isdigit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +103,21 @@ class EngineConfig:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        if self.speed is not None and not self.speed > 0:
-            raise ConfigError(f"speed must be > 0 or None, got {self.speed!r}")
-        if not 0.0 <= self.inject_failure_rate <= 1.0:
+        if self.speed is not None and (not _is_number(self.speed) or not self.speed > 0):
+            raise ConfigError(f"speed must be a number > 0 or None, got {self.speed!r}")
+        rate = self.inject_failure_rate
+        if not _is_number(rate) or not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"inject_failure_rate must be a number within [0, 1], got {rate!r}")
+        # the names only: whether the device is on this machine is the
+        # engine's check (it needs torch, which importing kvoffload must not)
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.kv_layout not in LAYOUTS:
             raise ConfigError(
-                f"inject_failure_rate must be within [0, 1], got {self.inject_failure_rate!r}"
+                f"kv_layout must be 'kv_first' or 'blocks_first', got {self.kv_layout!r}"
             )
+        if not _is_device_name(self.device):
+            raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:n]', got {self.device!r}")
 
     @property
     def block_factor(self) -> int:

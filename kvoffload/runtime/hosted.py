@@ -36,6 +36,7 @@ bypass the lock.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -53,6 +54,7 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import BlockStatus
+from kvoffload.errors import ConfigError
 from kvoffload.event_log import EventLog
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
@@ -92,7 +94,7 @@ class HostedManager(OffloadingManager):
         manager: the manager the host drives; call it only through this wrapper.
         description: shown as the ``workload`` of the snapshot.
         snapshot_max_age: seconds a published snapshot may age while the host
-            keeps calling.
+            keeps calling: a finite number >= 0 (0 publishes after every call).
     """
 
     def __init__(
@@ -102,6 +104,20 @@ class HostedManager(OffloadingManager):
         description: str = "hosted: driven by the host's scheduler",
         snapshot_max_age: float = 0.05,
     ) -> None:
+        age = snapshot_max_age
+        try:
+            valid = (
+                isinstance(age, int | float)
+                and not isinstance(age, bool)
+                and math.isfinite(age)
+                and age >= 0
+            )
+        except OverflowError:  # an integer past any float
+            valid = False
+        if not valid:
+            raise ConfigError(
+                f"snapshot_max_age must be a finite number of seconds >= 0, got {age!r}"
+            )
         self.manager = manager
         self.description = description
         self.snapshot_max_age = snapshot_max_age

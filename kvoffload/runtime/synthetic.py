@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,21 @@ from dataclasses import dataclass
 from kvoffload.runtime.workloads import Request, Workload, WorkloadError
 
 __all__ = ["SyntheticConfig", "SyntheticWorkload"]
+
+
+def _is_int(value: object) -> bool:
+    """An int, and not a bool (``True`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    """An int or float (not a bool) that is finite as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past any float
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,29 +90,47 @@ class SyntheticConfig:
 
     def validate(self) -> None:
         """Raise :class:`WorkloadError` naming the first parameter out of range."""
-        if self.num_requests is not None and self.num_requests < 0:
-            raise WorkloadError(f"num_requests must be >= 0 or None, got {self.num_requests}")
-        if not self.requests_per_second > 0:
-            raise WorkloadError(f"requests_per_second must be > 0, got {self.requests_per_second}")
-        if self.trace_block_size <= 0:
-            raise WorkloadError(f"trace_block_size must be > 0, got {self.trace_block_size}")
-        weights = (self.chat_weight, self.document_weight, self.one_off_weight)
-        if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+        if not _is_int(self.seed):
+            raise WorkloadError(f"seed must be an integer, got {self.seed!r}")
+        if self.num_requests is not None and (
+            not _is_int(self.num_requests) or self.num_requests < 0
+        ):
             raise WorkloadError(
-                f"mix weights must be >= 0 with a positive sum, got chat={self.chat_weight}, "
-                f"document={self.document_weight}, one_off={self.one_off_weight}"
+                f"num_requests must be an integer >= 0 or None, got {self.num_requests!r}"
+            )
+        if not _is_finite(self.requests_per_second) or not self.requests_per_second > 0:
+            raise WorkloadError(
+                f"requests_per_second must be a finite number > 0, got {self.requests_per_second!r}"
+            )
+        if not _is_int(self.trace_block_size) or self.trace_block_size <= 0:
+            raise WorkloadError(
+                f"trace_block_size must be an integer > 0, got {self.trace_block_size!r}"
+            )
+        weights = (self.chat_weight, self.document_weight, self.one_off_weight)
+        if any(not _is_finite(w) or not w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
+            raise WorkloadError(
+                "mix weights must be finite numbers >= 0 with a positive, finite sum, got "
+                f"chat={self.chat_weight!r}, document={self.document_weight!r}, "
+                f"one_off={self.one_off_weight!r}"
             )
         for name in ("num_system_prompts", "open_chats", "num_documents"):
-            if getattr(self, name) < 1:
-                raise WorkloadError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.system_prompt_blocks < 0:
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise WorkloadError(f"{name} must be an integer >= 1, got {value!r}")
+        if not _is_int(self.system_prompt_blocks) or self.system_prompt_blocks < 0:
             raise WorkloadError(
-                f"system_prompt_blocks must be >= 0, got {self.system_prompt_blocks}"
+                f"system_prompt_blocks must be an integer >= 0, got {self.system_prompt_blocks!r}"
             )
-        if not self.mean_turns >= 1:
-            raise WorkloadError(f"mean_turns must be >= 1, got {self.mean_turns}")
-        if not self.zipf_exponent >= 0:
-            raise WorkloadError(f"zipf_exponent must be >= 0, got {self.zipf_exponent}")
+        # bounded above: a mean of 1e12 turns takes for ever to draw, and an
+        # exponent of 200 overflows rank ** exponent
+        if not _is_finite(self.mean_turns) or not 1 <= self.mean_turns <= 10_000:
+            raise WorkloadError(
+                f"mean_turns must be a number from 1 to 10000, got {self.mean_turns!r}"
+            )
+        if not _is_finite(self.zipf_exponent) or not 0 <= self.zipf_exponent <= 10:
+            raise WorkloadError(
+                f"zipf_exponent must be a number from 0 to 10, got {self.zipf_exponent!r}"
+            )
         for name in (
             "turn_blocks",
             "document_blocks",
@@ -104,9 +138,17 @@ class SyntheticConfig:
             "one_off_blocks",
             "output_tokens",
         ):
-            low, high = getattr(self, name)
-            if not 1 <= low <= high:
-                raise WorkloadError(f"{name} must satisfy 1 <= low <= high, got ({low}, {high})")
+            bounds = getattr(self, name)
+            if (
+                not isinstance(bounds, tuple)
+                or len(bounds) != 2
+                or not all(_is_int(b) for b in bounds)
+                or not 1 <= bounds[0] <= bounds[1]
+            ):
+                raise WorkloadError(
+                    f"{name} must be a (low, high) tuple of integers with 1 <= low <= high, "
+                    f"got {bounds!r}"
+                )
 
     @property
     def mix(self) -> dict[str, float]:

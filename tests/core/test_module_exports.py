@@ -29,7 +29,7 @@ EXPORTS = {
     "kvoffload.backend": ["Backend", "BlockStatus", "Handle"],
     "kvoffload.backends": ["CPUBackend", "CPUBlockStatus"],
     "kvoffload.backends.cpu": ["CPUBackend", "CPUBlockStatus"],
-    "kvoffload.cli": ["main"],
+    "kvoffload.cli": ["OneLineParser", "main"],
     "kvoffload.errors": [
         "BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError",
         "UnknownTicketError",
@@ -59,7 +59,7 @@ EXPORTS = {
     "kvoffload.mediums": ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "GPULoadStoreSpec"],
     "kvoffload.policies": [
         "STAY", "EvictionPolicy", "TouchRules", "Victims", "available_policies", "create_policy",
-        "policy_class", "register_policy",
+        "import_policy_modules", "policy_class", "register_policy",
     ],
     "kvoffload.policies.arc": ["B1", "B2", "T1", "T2", "ARCList", "ARCPolicy", "TwoListPolicy"],
     "kvoffload.policies.base": ["EvictionPolicy", "Victims"],
