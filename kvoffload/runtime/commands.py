@@ -74,9 +74,12 @@ class CommandResult:
 
     @property
     def changed_nothing(self) -> bool:
-        """A switch to the policy in use: applied, and nothing changed (it is
-        not the last switch ``/metrics`` shows, and observers are not told)."""
-        return self.kind == "switch_policy" and self.detail.get("from") == self.detail.get("to")
+        """A switch to the policy in use, a pause of an engine not running or
+        a resume of one not paused: applied, and nothing changed (it is not
+        the last command ``/metrics`` shows, and observers are not told)."""
+        return self.kind in ("switch_policy", "pause", "resume") and self.detail.get(
+            "from"
+        ) == self.detail.get("to")
 
 
 def _check_expected(expected: object) -> None:

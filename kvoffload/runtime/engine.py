@@ -348,15 +348,16 @@ class Engine:
         detail: dict[str, str] = {}
         if command.kind == "switch_policy":
             detail, self._policy_version = apply_switch(m, command, self._policy_version)
-        elif command.kind == "pause":
-            if self._state == "running":
+        elif command.kind in ("pause", "resume"):
+            before = self._state
+            if command.kind == "pause" and before == "running":
                 # A paused engine is a quiet one: its loads and stores finish
                 # now, so every count it publishes is settled.
                 self._jobs.drain()
                 self._state = "paused"
-        elif command.kind == "resume":
-            if self._state == "paused":
+            elif command.kind == "resume" and before == "paused":
                 self._state = "running"
+            detail = {"from": before, "to": self._state}
         elif command.kind == "reset":
             evicted = m.clear()
             gpu = self.kv.clear()

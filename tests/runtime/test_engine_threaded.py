@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kvoffload.errors import PolicyError
+from kvoffload.runtime import CommandResult, EngineObserver
 from kvoffload.runtime.commands import EngineStoppedError, VersionConflictError
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.engine import Engine
@@ -311,3 +312,33 @@ def test_run_waits_out_a_very_slow_replay_until_stopped() -> None:
     thread.join(TIMEOUT)
     assert not thread.is_alive() and raised == []
     assert engine.state == "stopped"
+
+
+class Commands(EngineObserver):
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    def command_applied(self, result: CommandResult) -> None:
+        self.applied.append(result.kind)
+
+
+def test_a_pause_or_resume_that_changes_nothing_is_not_recorded() -> None:
+    # a retried pause moved the dashboard's pause marker, and a resume of a
+    # running engine drew a resume marker (as a same-policy switch does not)
+    seen = Commands()
+    engine = Engine(config(), endless().workload, [seen])
+    engine.start()
+    try:
+        wait_for(engine, lambda s: s.step >= 2)
+        idle = engine.resume().result(timeout=TIMEOUT)
+        assert idle.changed_nothing and idle.detail == {"from": "running", "to": "running"}
+        first = engine.pause().result(timeout=TIMEOUT)
+        assert not first.changed_nothing and first.detail == {"from": "running", "to": "paused"}
+        again = engine.pause().result(timeout=TIMEOUT)
+        assert again.changed_nothing and engine.state == "paused"
+        assert engine.snapshot().commands["pause"].timestamp == first.timestamp
+        assert "resume" not in engine.snapshot().commands
+        engine.resume().result(timeout=TIMEOUT)
+        assert seen.applied == ["pause", "resume"]
+    finally:
+        engine.stop(timeout=TIMEOUT)
