@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import cast
+from typing import Literal, cast
 
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
@@ -274,18 +274,10 @@ class Engine:
                 self._state = "running"
             done = 0
             while (max_steps is None or done < max_steps) and not self._stop_requested:
-                self._apply_commands(block=False)
-                if self._state == "paused" or self._stop_requested:
+                turn = self._turn()
+                if turn in ("idle", "ended"):  # paused (or finished), or the end
                     break
-                wait = self._queue.due_in()
-                if wait > 0:
-                    # commands sent meanwhile (a pause) take effect before the step
-                    self._apply_commands(block=True, timeout=min(wait, 0.5))
-                    continue
-                if not self.step():
-                    self._state = "finished"
-                    break
-                done += 1
+                done += turn == "stepped"
             if self._stop_requested:
                 self._finish()
             else:
@@ -379,22 +371,29 @@ class Engine:
             while not self._stop_requested:
                 if self._state == "paused" or self._state == "finished":
                     self._apply_commands(block=True, timeout=0.5)
-                    continue
-                self._apply_commands(block=False)
-                if self._state != "running" or self._stop_requested:
-                    continue
-                wait = self._queue.due_in()
-                if wait > 0:
-                    self._apply_commands(block=True, timeout=min(wait, 0.5))
-                    continue
-                if not self.step():
+                elif self._turn() == "ended":
                     self._jobs.drain()
-                    self._state = "finished"
                     self._publish()
         except Exception:
             logger.exception("engine loop crashed; stopping")
         finally:
             self._finish()
+
+    def _turn(self) -> Literal["stepped", "waited", "idle", "ended"]:
+        """One turn of a loop: the queued commands, then a step if the engine
+        runs and a request is due, else a wait for one (at most 0.5 s, in
+        which commands, a pause or a stop, still take effect first)."""
+        self._apply_commands(block=False)
+        if self._state != "running" or self._stop_requested:
+            return "idle"
+        wait = self._queue.due_in()
+        if wait > 0:
+            self._apply_commands(block=True, timeout=min(wait, 0.5))
+            return "waited"
+        if not self.step():
+            self._state = "finished"
+            return "ended"
+        return "stepped"
 
     def _finish(self) -> None:
         self._jobs.drain()
