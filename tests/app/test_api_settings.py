@@ -323,3 +323,18 @@ def test_unknown_variables_are_warned_about_with_the_nearest_setting() -> None:
     assert unknown_variables(environ) == [
         "KVOFFLOAD_SPEEED is not a setting and is ignored; did you mean KVOFFLOAD_SPEED?"
     ]
+
+
+def test_readme_configuration_gives_the_real_defaults() -> None:
+    field_of = {env_name(name): name for name in Settings.model_fields}
+    checked = 0
+    for env, _, default, _ in _doc_rows(ROOT / "README.md", "## Configuration"):
+        names = [v.strip("` ") for v in env.split("/")]
+        defaults = [d.strip("` ") for d in default.split("/")]
+        if len(defaults) == 1:
+            defaults *= len(names)  # one default for both (the tokens: unset)
+        for var, value in zip(names, defaults, strict=True):
+            if var in field_of:
+                assert _is_default(field_of[var], value), (var, value)
+                checked += 1
+    assert checked >= 14
