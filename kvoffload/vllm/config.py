@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvoffload.errors import ConfigError, PolicyError
-from kvoffload.policies import available_policies, policy_class
+from kvoffload.policies import available_policies, import_policy_modules, policy_class
 from kvoffload.spec import OffloadingConfig, _positive_int
 
 __all__ = [
@@ -36,6 +36,7 @@ EXTRA_CONFIG_KEYS = (
     "num_cpu_blocks",
     "block_size",
     "eviction_policy",
+    "policy_modules",
     "admin_port",
     "lookahead",
 )
@@ -55,7 +56,8 @@ def offloading_config(
     :class:`~kvoffload.errors.ConfigError` listing every problem: unknown
     keys (with the valid ones), ``num_cpu_blocks`` missing or not a positive
     integer, ``block_size`` not a positive multiple of ``gpu_block_size``, an
-    unknown ``eviction_policy`` (with the registered ones), an ``admin_port``
+    unknown ``eviction_policy`` (with the registered ones, those of the
+    ``policy_modules`` it imports first included), an ``admin_port``
     that is not an integer from 0 to 65535 (read it with :func:`admin_port`), a
     ``lookahead`` that is not a non-negative integer (:func:`lookahead`).
     """
@@ -88,6 +90,20 @@ def offloading_config(
                 f"block_size {extra['block_size']!r} is not a positive multiple of vLLM's "
                 f"block size {gpu_block_size} (cache_config.block_size): use e.g. {multiples}"
             )
+
+    modules = extra.get("policy_modules", [])
+    if not isinstance(modules, list | tuple) or not all(
+        isinstance(m, str) and m.strip() for m in modules
+    ):
+        problems.append(
+            f"policy_modules must be a list of module names (modules that register "
+            f"policies of their own), got {modules!r}"
+        )
+    else:
+        try:
+            import_policy_modules(m.strip() for m in modules)
+        except PolicyError as exc:
+            problems.append(f"policy_modules: {exc}")
 
     policy = extra.get("eviction_policy", "lru")
     try:

@@ -3,10 +3,12 @@ base class sees it, every problem named at once with what is allowed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import kvoffload.policies as policies
 from kvoffload import ConfigError, available_policies
 from kvoffload.vllm import EXTRA_CONFIG_KEYS, admin_port, lookahead, offloading_config
 
@@ -65,6 +67,18 @@ def test_offloading_config_defaults_follow_vllm() -> None:
             )
             for bad in (-1, 8.0, "64", False, None)
         ],
+        *[
+            (
+                {"num_cpu_blocks": 8, "policy_modules": bad},
+                f"policy_modules must be a list of module names (modules that register "
+                f"policies of their own), got {bad!r}",
+            )
+            for bad in ("mod", [""], [1], None)
+        ],
+        (
+            {"num_cpu_blocks": 8, "policy_modules": ["no_such_policies_xyz"]},
+            "policy_modules: cannot import 'no_such_policies_xyz': ModuleNotFoundError",
+        ),
         (
             {"num_cpu_blocks": 8, "admin_prot": 9000},
             f"unknown key 'admin_prot' (valid keys: {', '.join(EXTRA_CONFIG_KEYS)})",
@@ -119,3 +133,24 @@ def test_admin_port_problem_is_reported_with_the_others() -> None:
 def test_lookahead_defaults_to_64_and_0_hints_nothing(extra: dict[str, Any], n: int) -> None:
     offloading_config({**BASE, "num_cpu_blocks": 8, **extra}, 16)  # valid
     assert lookahead(extra) == n
+
+
+def test_policy_modules_are_imported_before_the_policy_is_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a policy of one's own inside vLLM: its module registers it in the
+    # engine core's process, where the spec is made
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_vllm_policies.py").write_text(
+        "from kvoffload.policies import register_policy\n"
+        "from kvoffload.policies.lru import LRUPolicy\n"
+        "class MinePolicy(LRUPolicy):\n"
+        "    name = 'mine'\n"
+        "register_policy('mine', 'my_vllm_policies:MinePolicy')\n"
+    )
+    extra = {**BASE, "num_cpu_blocks": 8, "eviction_policy": "mine"}
+    with pytest.raises(ConfigError, match="eviction_policy 'mine' is unknown"):
+        offloading_config(extra, 16)
+    cfg = offloading_config({**extra, "policy_modules": ["my_vllm_policies"]}, 16)
+    assert cfg.eviction_policy == "mine"
