@@ -232,3 +232,28 @@ def test_two_tensor_parallel_workers(model_dir: Path, tmp_path: Path) -> None:
         assert (
             f'kvoffload_transfer_jobs_total{{direction="{direction}",outcome="ok"}} 0.0' in metrics
         )
+
+
+def test_engine_serves_a_policy_of_ones_own_through_policy_modules(
+    model_dir: Path, baseline: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/writing-a-policy.md's FIFO example, named in the extra config
+    with the module that registers it: the spec imports it, and the tier
+    serves the prefix with the same outputs."""
+    import kvoffload.policies as policies
+
+    guide = Path(__file__).resolve().parents[2] / "docs" / "writing-a-policy.md"
+    example = re.search(
+        r"## A complete example: FIFO\n.*?```python\n(.*?)```", guide.read_text(), re.S
+    )
+    assert example is not None
+    (tmp_path / "guide_fifo_policy.py").write_text(example.group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
+    extra = kvoffload_extra(
+        num_cpu_blocks=BIG_TIER, eviction_policy="fifo", policy_modules=["guide_fifo_policy"]
+    )
+    run = run_workload(model_dir, extra)
+    assert run.stats.policy == "fifo"
+    assert run.outputs() == baseline.outputs()
+    assert run.steps["a_again"].cached_tokens == PREFIX_TOKENS
