@@ -102,7 +102,8 @@ def register_policy(name: str, target: str) -> None:
 
 def import_policy_modules(modules: Iterable[str]) -> None:
     """Import each module, in order: modules that register policies of their
-    own (``kvoffload replay --import``, ``kvoffload serve --imports``).
+    own (``kvoffload replay --import``, ``kvoffload serve --imports``, the
+    vLLM spec's ``policy_modules``).
     :class:`PolicyError` naming the module and what went wrong (a module not
     found says where it would have to be), for any failure of its code."""
     for module in modules:
