@@ -93,3 +93,19 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
         return variables[name]
 
     return _VARIABLE.sub(value, expr)
+
+
+def docs_promql_examples() -> list[str]:
+    """The expressions of docs/observability.md's PromQL block: one per
+    unindented line, indented lines continuing it, comments skipped."""
+    text = (REPO / "docs" / "observability.md").read_text(encoding="utf-8")
+    block = text.split("```promql\n", 1)[1].split("```", 1)[0]
+    exprs: list[str] = []
+    for line in block.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if line[0].isspace():
+            exprs[-1] += " " + line.strip()
+        else:
+            exprs.append(line.strip())
+    return exprs

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from dashboard_queries import DEPLOY_DIR, METRIC_NAME, PanelQuery, substitute
+from dashboard_queries import DEPLOY_DIR, METRIC_NAME, PanelQuery, docs_promql_examples, substitute
 from live_stack import READ_HEADERS, LiveStack, Sent, get_json
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -57,6 +57,25 @@ def test_every_query_returns_data(live_stack: LiveStack, queries: list[PanelQuer
             failures.append(f"{query.where}: {answer.get('error')}\n    {expr}")
         elif not answer["data"]["result"]:
             failures.append(f"{query.where}: no data\n    {expr}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_docs_promql_examples_return_data(live_stack: LiveStack) -> None:
+    # docs/observability.md's queries, as an operator would paste them (they
+    # were only parsed, by promtool)
+    exprs = docs_promql_examples()
+    assert len(exprs) >= 10
+    failures = []
+    for expr in exprs:
+        answer = live_stack.query(expr)
+        # an alert-like filter ("... > 0") is empty on a healthy service: the
+        # series under it must have data
+        body = re.sub(r"\s*>\s*0$", "", expr)
+        data = answer if body == expr else live_stack.query(body)
+        if answer["status"] != "success":
+            failures.append(f"{answer.get('error')}\n    {expr}")
+        elif not data["data"]["result"]:
+            failures.append(f"no data\n    {body}")
     assert not failures, "\n".join(failures)
 
 
