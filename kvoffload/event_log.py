@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import BlockHash, OffloadingEvent
 from kvoffload.errors import ConfigError
 
@@ -93,15 +94,11 @@ class EventLogStats:
     last_seq: int
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class EventLog:
     """A ring of :class:`EventRecord` of at most ``capacity`` entries."""
 
     def __init__(self, capacity: int = 10_000) -> None:
-        if not _is_int(capacity) or capacity <= 0:
+        if not is_int(capacity) or capacity <= 0:
             raise ConfigError(f"event log capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
         self._ring: deque[EventRecord] = deque(maxlen=capacity)
@@ -167,9 +164,9 @@ class EventLog:
         :attr:`last_seq` (one kept from another run of the log: following
         the page it would get would skip every record up to it) and for
         arguments that are not ints in range."""
-        if not _is_int(after_seq) or after_seq < 0:
+        if not is_int(after_seq) or after_seq < 0:
             raise ConfigError(f"after_seq must be an int >= 0, got {after_seq!r}")
-        if limit is not None and (not _is_int(limit) or limit <= 0):
+        if limit is not None and (not is_int(limit) or limit <= 0):
             raise ConfigError(f"limit must be a positive int, got {limit!r}")
         # last_seq first: a record appended after it cannot be taken for gone
         last = self._last_seq
@@ -200,7 +197,7 @@ class EventLog:
 
     def drain(self, limit: int | None = None) -> list[EventRecord]:
         """Remove and return the oldest records (all of them by default)."""
-        if limit is not None and (not _is_int(limit) or limit <= 0):
+        if limit is not None and (not is_int(limit) or limit <= 0):
             raise ConfigError(f"limit must be a positive int, got {limit!r}")
         out: list[EventRecord] = []
         popleft = self._ring.popleft

@@ -31,11 +31,11 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
 from kvoffload import policies
+from kvoffload._checks import is_finite_number
 from kvoffload.abstract import (
     BlockHash,
     LoadStoreSpec,
@@ -534,10 +534,6 @@ class ARCOffloadingManager(PolicyOffloadingManager):
         # checked here: a string, nan or inf once went in and broke stats()
         # and the next evicting store. Any finite number goes, as in vLLM
         # (ARC's rules treat one above the capacity as the capacity)
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-        ):
+        if not is_finite_number(value):
             raise ConfigError(f"target_t1_size must be a finite number of blocks, got {value!r}")
         self._arc().target_t1_size = float(value)

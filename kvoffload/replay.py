@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TypeVar
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import BlockHash, OffloadingManager, SupportsHints
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
@@ -344,7 +345,7 @@ def belady(
     a whole number of blocks >= 1 (``nan``, ``inf``, ``2.5`` and ``True``
     once ran, as an unbounded cache or as 3 or 1 blocks).
     """
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+    if not is_int(capacity) or capacity < 1:
         raise ConfigError(f"capacity must be a whole number of blocks >= 1, got {capacity!r}")
     n_requests = len(requests)
     # key of a use = request index * stride + position, larger = further away

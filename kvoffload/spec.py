@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import LoadStoreSpec, OffloadingManager
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
@@ -47,7 +48,7 @@ def _positive_int(name: str, value: object) -> int:
 
 
 def _typed_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 

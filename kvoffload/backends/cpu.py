@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import BlockHash
 from kvoffload.backend import Backend, BlockStatus
 from kvoffload.errors import BlockStateError, ConfigError
@@ -40,7 +41,7 @@ class CPUBackend(Backend):
     def __init__(self, block_size: int, num_blocks: int) -> None:
         # bool is an int subclass: CPUBackend(True, True) was one block of one token
         for name, value in (("block_size", block_size), ("num_blocks", num_blocks)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
         super().__init__(block_size=block_size, medium=CPULoadStoreSpec.medium())
         self.num_blocks: int = num_blocks

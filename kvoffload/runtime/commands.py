@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
+from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError, KVOffloadError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class CommandResult:
 
 def _check_expected(expected: object) -> None:
     # bool is an int subclass: True is not version 1
-    if expected is not None and (isinstance(expected, bool) or not isinstance(expected, int)):
+    if expected is not None and not is_int(expected):
         raise ConfigError(f"expected_version must be an integer or None, got {expected!r}")
 
 

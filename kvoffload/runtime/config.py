@@ -6,18 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from kvoffload._checks import is_int, is_number
 from kvoffload.errors import ConfigError
 from kvoffload.policies import policy_class
 from kvoffload.transfer.layout import LAYOUTS, Layout
 
 __all__ = ["EngineConfig"]
 
-_DTYPES = ("float16", "bfloat16", "float32")
-
-
-def _is_number(value: object) -> bool:
-    """An int or a float, not a bool (``True`` is no rate)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+#: the KV tensors' dtypes, by their torch names
+DTYPES = ("float16", "bfloat16", "float32")
 
 
 def _is_device_name(device: object) -> bool:
@@ -80,7 +77,7 @@ class EngineConfig:
             "head_size",
         ):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         if self.offloaded_block_size % self.gpu_block_size:
             raise ConfigError(
@@ -101,17 +98,17 @@ class EngineConfig:
                 f"max_requests_per_step ({self.max_requests_per_step}): a step serves "
                 "waiting requests only"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+        if not is_int(self.seed):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        if self.speed is not None and (not _is_number(self.speed) or not self.speed > 0):
+        if self.speed is not None and (not is_number(self.speed) or not self.speed > 0):
             raise ConfigError(f"speed must be a number > 0 or None, got {self.speed!r}")
         rate = self.inject_failure_rate
-        if not _is_number(rate) or not 0.0 <= rate <= 1.0:
+        if not is_number(rate) or not 0.0 <= rate <= 1.0:
             raise ConfigError(f"inject_failure_rate must be a number within [0, 1], got {rate!r}")
         # the names only: whether the device is on this machine is the
         # engine's check (it needs torch, which importing kvoffload must not)
-        if self.dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_layout not in LAYOUTS:
             raise ConfigError(
                 f"kv_layout must be 'kv_first' or 'blocks_first', got {self.kv_layout!r}"

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Literal, cast
 
+from kvoffload._checks import is_int
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
 from kvoffload.event_log import EventLog
@@ -84,7 +85,7 @@ class Engine:
                 )
             )
         tbs = workload.trace_block_size
-        if isinstance(tbs, bool) or not isinstance(tbs, int) or tbs <= 0:
+        if not is_int(tbs) or tbs <= 0:
             raise ConfigError(
                 f"the workload's block size must be a positive integer (tokens), got {tbs!r}"
             )

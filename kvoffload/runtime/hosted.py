@@ -36,7 +36,6 @@ bypass the lock.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeVar
 
+from kvoffload._checks import is_finite_number
 from kvoffload.abstract import (
     BlockHash,
     LoadStoreSpec,
@@ -104,19 +104,10 @@ class HostedManager(OffloadingManager):
         description: str = "hosted: driven by the host's scheduler",
         snapshot_max_age: float = 0.05,
     ) -> None:
-        age = snapshot_max_age
-        try:
-            valid = (
-                isinstance(age, int | float)
-                and not isinstance(age, bool)
-                and math.isfinite(age)
-                and age >= 0
-            )
-        except OverflowError:  # an integer past any float
-            valid = False
-        if not valid:
+        if not is_finite_number(snapshot_max_age) or snapshot_max_age < 0:
             raise ConfigError(
-                f"snapshot_max_age must be a finite number of seconds >= 0, got {age!r}"
+                f"snapshot_max_age must be a finite number of seconds >= 0, "
+                f"got {snapshot_max_age!r}"
             )
         self.manager = manager
         self.description = description

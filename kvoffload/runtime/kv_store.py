@@ -13,14 +13,16 @@ from collections.abc import Sequence
 
 import torch
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import BlockHash
 from kvoffload.errors import ConfigError
+from kvoffload.runtime.config import DTYPES, _is_device_name
 from kvoffload.transfer.cpu_gpu import DEFAULT_RAM_FRACTION, default_max_cpu_bytes
 from kvoffload.transfer.layout import Layout
 
 __all__ = ["GPUKVStore", "block_pattern", "hash_seed"]
 
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 def hash_seed(block_hash: bytes) -> int:
@@ -47,9 +49,9 @@ def _usable_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return device
-    index = device.removeprefix("cuda:")
-    if device != "cuda" and (index == device or not index.isdigit()):
+    if not _is_device_name(device):
         raise ConfigError(f"device must be 'auto', 'cpu' or 'cuda[:n]', got {device!r}")
+    index = device.removeprefix("cuda:")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         raise ConfigError(
@@ -92,7 +94,7 @@ class GPUKVStore:
             ("num_kv_heads", num_kv_heads),
             ("head_size", head_size),
         ):
-            if not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {v!r}")
         device = _usable_device(device)
         tdtype = _DTYPES[dtype]

@@ -26,24 +26,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kvoffload._checks import is_finite_number, is_int
 from kvoffload.runtime.workloads import Request, Workload, WorkloadError
 
 __all__ = ["SyntheticConfig", "SyntheticWorkload"]
-
-
-def _is_int(value: object) -> bool:
-    """An int, and not a bool (``True`` is no count)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite(value: object) -> bool:
-    """An int or float (not a bool) that is finite as a float."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer past any float
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,24 +76,27 @@ class SyntheticConfig:
 
     def validate(self) -> None:
         """Raise :class:`WorkloadError` naming the first parameter out of range."""
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise WorkloadError(f"seed must be an integer, got {self.seed!r}")
         if self.num_requests is not None and (
-            not _is_int(self.num_requests) or self.num_requests < 0
+            not is_int(self.num_requests) or self.num_requests < 0
         ):
             raise WorkloadError(
                 f"num_requests must be an integer >= 0 or None, got {self.num_requests!r}"
             )
-        if not _is_finite(self.requests_per_second) or not self.requests_per_second > 0:
+        if not is_finite_number(self.requests_per_second) or not self.requests_per_second > 0:
             raise WorkloadError(
                 f"requests_per_second must be a finite number > 0, got {self.requests_per_second!r}"
             )
-        if not _is_int(self.trace_block_size) or self.trace_block_size <= 0:
+        if not is_int(self.trace_block_size) or self.trace_block_size <= 0:
             raise WorkloadError(
                 f"trace_block_size must be an integer > 0, got {self.trace_block_size!r}"
             )
         weights = (self.chat_weight, self.document_weight, self.one_off_weight)
-        if any(not _is_finite(w) or not w >= 0 for w in weights) or not 0 < sum(weights) < math.inf:
+        if (
+            any(not is_finite_number(w) or not w >= 0 for w in weights)
+            or not 0 < sum(weights) < math.inf
+        ):
             raise WorkloadError(
                 "mix weights must be finite numbers >= 0 with a positive, finite sum, got "
                 f"chat={self.chat_weight!r}, document={self.document_weight!r}, "
@@ -115,19 +104,19 @@ class SyntheticConfig:
             )
         for name in ("num_system_prompts", "open_chats", "num_documents"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise WorkloadError(f"{name} must be an integer >= 1, got {value!r}")
-        if not _is_int(self.system_prompt_blocks) or self.system_prompt_blocks < 0:
+        if not is_int(self.system_prompt_blocks) or self.system_prompt_blocks < 0:
             raise WorkloadError(
                 f"system_prompt_blocks must be an integer >= 0, got {self.system_prompt_blocks!r}"
             )
         # bounded above: a mean of 1e12 turns takes for ever to draw, and an
         # exponent of 200 overflows rank ** exponent
-        if not _is_finite(self.mean_turns) or not 1 <= self.mean_turns <= 10_000:
+        if not is_finite_number(self.mean_turns) or not 1 <= self.mean_turns <= 10_000:
             raise WorkloadError(
                 f"mean_turns must be a number from 1 to 10000, got {self.mean_turns!r}"
             )
-        if not _is_finite(self.zipf_exponent) or not 0 <= self.zipf_exponent <= 10:
+        if not is_finite_number(self.zipf_exponent) or not 0 <= self.zipf_exponent <= 10:
             raise WorkloadError(
                 f"zipf_exponent must be a number from 0 to 10, got {self.zipf_exponent!r}"
             )
@@ -142,7 +131,7 @@ class SyntheticConfig:
             if (
                 not isinstance(bounds, tuple)
                 or len(bounds) != 2
-                or not all(_is_int(b) for b in bounds)
+                or not all(is_int(b) for b in bounds)
                 or not 1 <= bounds[0] <= bounds[1]
             ):
                 raise WorkloadError(

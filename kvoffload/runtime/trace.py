@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvoffload._checks import is_int
 from kvoffload.runtime.workloads import Request, Workload, WorkloadError
 
 __all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceWorkload", "load_mooncake_trace"]
@@ -96,9 +97,9 @@ def load_mooncake_trace(
     the right types (message: file, 1-based line number, field, what was
     expected), or timestamps decrease.
     """
-    if not _is_int(trace_block_size) or trace_block_size <= 0:
+    if not is_int(trace_block_size) or trace_block_size <= 0:
         raise WorkloadError(f"trace_block_size must be a positive int, got {trace_block_size!r}")
-    if limit is not None and (not _is_int(limit) or limit < 0):
+    if limit is not None and (not is_int(limit) or limit < 0):
         raise WorkloadError(f"limit must be an int >= 0, got {limit!r}")
     trace = Path(path)
     requests: list[Request] = []
@@ -133,10 +134,6 @@ def load_mooncake_trace(
     return TraceWorkload(requests, name=trace.name, trace_block_size=trace_block_size)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Request:
     where = f"{trace}: line {line_no}"
     try:
@@ -160,7 +157,7 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
     def count(name: str) -> int:
         value = field(name)
         # bool is an int subclass; a true/false here is a broken writer, not a count
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_int(value) or value < 0:
             raise WorkloadError(
                 f"{where}: field {name!r} must be a non-negative integer, got {value!r}"
             )
@@ -186,7 +183,7 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
         )
     for position, block_id in enumerate(hash_ids):
         # ids are packed as unsigned 64-bit integers when hashed for an engine
-        if not isinstance(block_id, int) or isinstance(block_id, bool) or not 0 <= block_id < 2**64:
+        if not is_int(block_id) or not 0 <= block_id < 2**64:
             raise WorkloadError(
                 f"{where}: field 'hash_ids' item {position} must be an integer in "
                 f"[0, 2**64), got {block_id!r}"

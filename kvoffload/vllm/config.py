@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.policies import available_policies, import_policy_modules, policy_class
 from kvoffload.spec import OffloadingConfig, _positive_int
@@ -142,7 +143,7 @@ def admin_port(extra: Mapping[str, Any]) -> int | None:
     if "admin_port" not in extra:
         return None
     port = extra["admin_port"]
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= MAX_PORT:
+    if not is_int(port) or not 0 <= port <= MAX_PORT:
         raise ConfigError(
             f"admin_port must be an integer from 0 to {MAX_PORT} (0: any free port), got {port!r}"
         )
@@ -155,7 +156,7 @@ def lookahead(extra: Mapping[str, Any]) -> int:
     :data:`DEFAULT_LOOKAHEAD` when absent). Raises
     :class:`~kvoffload.errors.ConfigError` when it is not an integer >= 0."""
     n = extra.get("lookahead", DEFAULT_LOOKAHEAD)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    if not is_int(n) or n < 0:
         raise ConfigError(
             f"lookahead must be an integer >= 0 (waiting requests the HintingScheduler hints; "
             f"0: none), got {n!r}"

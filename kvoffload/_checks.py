@@ -1,0 +1,31 @@
+"""The type checks the library's arguments share: counts are ints and rates
+are numbers, but ``bool`` is an ``int`` subclass and ``True`` is neither
+(``CPUBackend(True, True)`` was one block of one token)."""
+
+from __future__ import annotations
+
+import math
+from typing import TypeGuard
+
+__all__ = ["is_finite_number", "is_int", "is_number"]
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An ``int``, not a ``bool``."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """An ``int`` or a ``float``, not a ``bool``."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_finite_number(value: object) -> TypeGuard[int | float]:
+    """A number (:func:`is_number`) that is finite as a float: not ``nan``,
+    not ``inf``, not an integer past any float."""
+    if not is_number(value):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
