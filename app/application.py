@@ -31,6 +31,7 @@ from app.cached_reads import CachedReads
 from app.engine_setup import build_engine
 from app.errors import error_responses, install_error_handlers
 from app.limits import RequestLimits
+from app.request_metrics import RequestMetrics
 from app.routers import cache, events, health, policy, runtime
 from app.settings import ENV_PREFIX, Settings
 from app.state import ServiceState
@@ -127,11 +128,13 @@ def build_app(
     app.state.service = service
     app.state.engine_factory = engine_factory or build_engine
     app.state.telemetry_factory = telemetry_factory or setup_telemetry
-    # the last added is the outermost: limits first, then the cached reads
+    # the last added is the outermost: the API's metrics (every answer
+    # counted), the limits, then the cached reads
     app.add_middleware(CachedReads)
     app.add_middleware(
         RequestLimits, max_bytes=settings.max_body_bytes, body_timeout=settings.body_timeout
     )
+    app.add_middleware(RequestMetrics)
     install_error_handlers(app)
     routers = [module.router for module in (cache, policy, events, runtime, health)]
     for router in routers:

@@ -12,7 +12,8 @@ headers, and for its body (and HEAD, answered as GET without a body).
   trickling a byte at a time holds a connection, and shutdown, no longer
   than that). An answer sent before the body was read to its end (a 401, a
   404, a 408, a 413) closes the connection, so the server does not go on
-  receiving a body nobody wants.
+  receiving a body nobody wants. A client that leaves before its body is
+  in gets no answer and causes no error (the metrics count it ``closed``).
 - :func:`header_timeout_protocol`: uvicorn's httptools protocol, closing a
   connection whose request line and headers have not all arrived within the
   deadline (a client trickling one header line at a time holds nothing for
@@ -25,14 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["NO_HEAD", "RequestLimits", "header_timeout_protocol"]
+
+logger = logging.getLogger(__name__)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -106,7 +111,13 @@ class RequestLimits:
                 message = {**message, "headers": [*message["headers"], (b"connection", b"close")]}
             await send(message)
 
-        await self.app(scope, counted_receive, closing_send)
+        try:
+            await self.app(scope, counted_receive, closing_send)
+        except ClientDisconnect:
+            # the client left before its body was in: nobody to answer, and
+            # nothing wrong with the server (it was an ASGI traceback, logged
+            # as an error, that any client could cause at will)
+            logger.debug("client left before its request body was in: %s", scope["path"])
 
 
 async def _answer(send: Send, status: int, code: str, message: str) -> None:

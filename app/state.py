@@ -16,7 +16,7 @@ from app.models import CacheView
 from app.settings import Settings
 from app.target import AdminTarget
 from kvoffload.event_log import EventLogStats
-from kvoffload.instrumentation.prometheus import PrometheusObserver
+from kvoffload.instrumentation.prometheus import ApiMetrics, PrometheusObserver
 from kvoffload.runtime.snapshot import EngineSnapshot
 
 __all__ = ["MetricsCache", "ServiceState", "SnapshotCache", "StreamSlots", "View"]
@@ -64,9 +64,10 @@ class SnapshotCache:
 
 class MetricsCache:
     """The last ``/metrics`` exposition, reused while it is from the current
-    view (see :class:`SnapshotCache`), or younger than ``max_age`` seconds and
-    from a snapshot with the same policy version and engine state and an event
-    log drained as far.
+    view (see :class:`SnapshotCache`) with no admin API request answered since
+    (the API's own counters, :mod:`app.request_metrics`), or younger than
+    ``max_age`` seconds and from a snapshot with the same policy version and
+    engine state and an event log drained as far.
 
     Rendering costs about a millisecond of Python, taken from the engine's
     GIL time; the age bound caps that at ``1/max_age`` renderings a second
@@ -79,15 +80,16 @@ class MetricsCache:
 
     def __init__(self, max_age: float = 0.1) -> None:
         self.max_age = max_age
-        self._entry: tuple[View, float, bytes] | None = None
+        self._entry: tuple[View, int, float, bytes] | None = None
 
-    def get(self, view: View) -> bytes | None:
+    def get(self, view: View, answered: int) -> bytes | None:
+        """The body to reuse for ``view`` after ``answered`` API requests, or None."""
         entry = self._entry
         if entry is None:
             return None
-        (cached, events), rendered_at, body = entry
+        (cached, events), cached_answered, rendered_at, body = entry
         snap, now = view
-        if cached is snap and events == now:
+        if cached is snap and events == now and cached_answered == answered:
             return body
         same_shape = (
             cached.policy_version == snap.policy_version
@@ -98,8 +100,8 @@ class MetricsCache:
             return body
         return None
 
-    def put(self, view: View, body: bytes) -> None:
-        self._entry = (view, time.monotonic(), body)
+    def put(self, view: View, body: bytes, answered: int) -> None:
+        self._entry = (view, answered, time.monotonic(), body)
 
 
 class StreamSlots:
@@ -136,11 +138,14 @@ class ServiceState:
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
     metrics_body: MetricsCache = field(default_factory=MetricsCache)
     streams: StreamSlots = field(init=False)
+    #: the admin API's own request counts (registered on ``registry``)
+    api_metrics: ApiMetrics = field(init=False)
     #: large answers rendered at once in worker threads (see :meth:`render`)
     renders: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(RENDER_THREADS))
 
     def __post_init__(self) -> None:
         self.streams = StreamSlots(self.settings.max_event_streams)
+        self.api_metrics = ApiMetrics(registry=self.registry)
 
     async def render(self, build: Callable[[], bytes], records: int) -> bytes:
         """``build()``, inline for a few records, else in a worker thread, at
@@ -176,9 +181,9 @@ class ServiceState:
 
         Rendered inline: collection holds the GIL either way, a threadpool
         hop would only add a context switch."""
-        view = self.view()
-        body = self.metrics_body.get(view)
+        view, answered = self.view(), self.api_metrics.answered
+        body = self.metrics_body.get(view, answered)
         if body is None:
             body = generate_latest(self.registry)
-            self.metrics_body.put(view, body)
+            self.metrics_body.put(view, body, answered)
         return body

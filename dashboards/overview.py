@@ -459,6 +459,46 @@ def _events() -> list[Panel]:
     ]
 
 
+def _admin_api() -> list[Panel]:
+    return [
+        timeseries_panel(
+            "Admin API requests",
+            "Requests the admin API answered per second, by route and HTTP status (scrapes and"
+            " dashboards polling included; 'unrouted' is a path or method no route serves).",
+            "reqps",
+            [Query(rate("kvoffload_api_requests_total", "name, outcome"), "{{name}} {{outcome}}")],
+            width=8,
+        ),
+        timeseries_panel(
+            "Admin API refusals",
+            "Requests refused per second by HTTP status: 401 (no or a wrong token), 403 (a"
+            " read token on a state-changing route, or no admin token configured), 404/405"
+            " (unrouted), 413 (body too large), 408 (body too slow), 422 (bad input).",
+            "reqps",
+            [
+                Query(
+                    rate("kvoffload_api_requests_total", "outcome", regex={"outcome": "4.."}),
+                    "{{outcome}}",
+                )
+            ],
+            width=8,
+        ),
+        timeseries_panel(
+            "Admin API latency",
+            "Time from a request's arrival to its answer's status line (an event stream: the"
+            " time to open it), p99 by route.",
+            "s",
+            [
+                Query(
+                    quantile(0.99, "kvoffload_api_request_duration_seconds", "name"),
+                    "{{name}} p99",
+                )
+            ],
+            width=8,
+        ),
+    ]
+
+
 ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
     ("Cache effectiveness", _effectiveness),
     ("Manager operations", _operations),
@@ -468,6 +508,7 @@ ROWS: Sequence[tuple[str, Callable[[], list[Panel]]]] = (
     ("Transfers", _transfers),
     ("Engine", _engine),
     ("Event pipeline", _events),
+    ("Admin API", _admin_api),
 )
 
 

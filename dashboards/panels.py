@@ -47,10 +47,11 @@ def total(metric: str, by: str = "", **labels: str) -> str:
     return f"sum{grouping} ({series(metric, **labels)})"
 
 
-def rate(metric: str, by: str = "", **labels: str) -> str:
-    """A counter's per-second rate summed over the selected instances."""
+def rate(metric: str, by: str = "", *, regex: dict[str, str] | None = None, **labels: str) -> str:
+    """A counter's per-second rate summed over the selected instances (label
+    matches as in :func:`series`)."""
     grouping = f" by ({by})" if by else ""
-    return f"sum{grouping} (rate({series(metric, **labels)}[$__rate_interval]))"
+    return f"sum{grouping} (rate({series(metric, regex=regex, **labels)}[$__rate_interval]))"
 
 
 def increase(metric: str, **labels: str) -> str:

@@ -30,7 +30,7 @@ __all__ = [
 
 MetricType = Literal["counter", "gauge", "histogram"]
 #: where a metric's value comes from
-MetricSource = Literal["manager", "events", "runtime", "observer", "static"]
+MetricSource = Literal["manager", "events", "runtime", "observer", "static", "api"]
 
 #: the only label names a non-info metric may carry
 ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", "name", "command"})
@@ -366,6 +366,25 @@ METRICS: tuple[MetricSpec, ...] = (
         "Wall-clock duration of engine steps.",
         (),
         source="observer",
+        buckets=DURATION_BUCKETS,
+    ),
+    # -- the admin API's own (app/, not the library) ------------------------
+    _c(
+        "kvoffload_api_requests_total",
+        "Admin API requests answered, by route (name: the method and route path, as "
+        "'PUT /v1/policy', or 'unrouted' for a path or method no route serves) and HTTP "
+        "status code (outcome: '200', '401', ...; 'closed' when the client left before an "
+        "answer).",
+        ("name", "outcome"),
+        source="api",
+    ),
+    MetricSpec(
+        "kvoffload_api_request_duration_seconds",
+        "histogram",
+        "Time from an admin API request's arrival to its answer's status line (for an event "
+        "stream, until it opens), by route (name, as in kvoffload_api_requests_total).",
+        ("name",),
+        source="api",
         buckets=DURATION_BUCKETS,
     ),
 )

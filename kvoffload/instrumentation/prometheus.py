@@ -1,6 +1,6 @@
 """Prometheus metrics for kvoffload (``prometheus_client`` only).
 
-Two pieces, both registered on a :class:`~prometheus_client.CollectorRegistry`
+Three pieces, each registered on a :class:`~prometheus_client.CollectorRegistry`
 the caller passes (library code never touches the global ``REGISTRY``):
 
 - :class:`KVOffloadCollector` reads an immutable snapshot
@@ -11,6 +11,8 @@ the caller passes (library code never touches the global ``REGISTRY``):
   :class:`~kvoffload.runtime.observer.EngineObserver` that records what only
   exists as it happens: transfer jobs (count, blocks, bytes, duration and
   size histograms) and step durations.
+- :class:`ApiMetrics` counts and times the admin API's requests, as the
+  service's middleware (``app.request_metrics``) records them.
 
 Every family, its type, labels and help text come from
 :data:`~kvoffload.instrumentation.catalogue.METRICS`.
@@ -52,6 +54,7 @@ from kvoffload.stats import STORE_OUTCOMES, ManagerStats
 from kvoffload.table import IMPLEMENTATION
 
 __all__ = [
+    "ApiMetrics",
     "ConfigLabelValue",
     "KVOffloadCollector",
     "PrometheusObserver",
@@ -181,7 +184,7 @@ class KVOffloadCollector:
         """Every family this collector may yield, without samples (lets the
         registry reject a second collector exposing the same names)."""
         for spec in METRICS:
-            if spec.source != "observer":
+            if spec.source not in ("observer", "api"):
                 yield _empty_family(spec)
 
     def collect(self) -> Iterator[Metric]:
@@ -437,6 +440,46 @@ class PrometheusObserver(EngineObserver):
         hfam = HistogramMetricFamily(name, _spec(name).help, labels=[])
         buckets, total = self._step.buckets()
         hfam.add_metric([], buckets, total)
+        yield hfam
+
+
+class ApiMetrics:
+    """The admin API's requests (``source="api"`` in the catalogue): counted
+    by route name and outcome, timed by route name. :meth:`record` runs on
+    the server's event loop, one thread; scrapes read without a lock, as
+    :class:`PrometheusObserver`'s do. ``answered`` counts the requests
+    recorded. (``app.request_metrics`` records them.)"""
+
+    def __init__(self, *, registry: CollectorRegistry | None = None) -> None:
+        self._requests: dict[tuple[str, str], int] = {}
+        self._duration: dict[str, _Histogram] = {}
+        self._bounds = _spec("kvoffload_api_request_duration_seconds").buckets
+        self.answered = 0
+        if registry is not None:
+            registry.register(self)
+
+    def record(self, name: str, outcome: str, seconds: float) -> None:
+        key = (name, outcome)
+        self._requests[key] = self._requests.get(key, 0) + 1
+        hist = self._duration.get(name)
+        if hist is None:
+            hist = self._duration[name] = _Histogram(self._bounds)
+        hist.observe(seconds)
+        self.answered += 1
+
+    def describe(self) -> Iterable[Metric]:
+        for spec in METRICS:
+            if spec.source == "api":
+                yield _empty_family(spec)
+
+    def collect(self) -> Iterator[Metric]:
+        requests = list(self._requests.items())
+        yield _family("kvoffload_api_requests_total", ("name", "outcome"), requests)
+        name = "kvoffload_api_request_duration_seconds"
+        hfam = HistogramMetricFamily(name, _spec(name).help, labels=["name"])
+        for route, h in list(self._duration.items()):
+            buckets, total = h.buckets()
+            hfam.add_metric([route], buckets, total)
         yield hfam
 
 

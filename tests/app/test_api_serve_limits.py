@@ -434,6 +434,50 @@ def test_slow_bodies_get_408_and_do_not_hold_shutdown(tmp_path: Path) -> None:
     assert "Exception in ASGI application" not in text and " 500" not in text, text[-2000:]
 
 
+def api_requests(base: str) -> dict[str, float]:
+    """'NAME OUTCOME' -> kvoffload_api_requests_total, from /metrics."""
+    text = httpx.get(f"{base}/metrics", headers=READ).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvoffload_api_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            name = labels.split('name="', 1)[1].split('"', 1)[0]
+            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
+            out[f"{name} {outcome}"] = float(value)
+    return out
+
+
+def test_a_client_leaving_mid_body_is_counted_closed_and_is_no_error(tmp_path: Path) -> None:
+    # it was an "Exception in ASGI application" traceback, logged as an error
+    # and counted a 500, that any client could cause at will
+    log_path = tmp_path / "serve.log"
+    with served(log_path=log_path) as server:
+        for _ in range(3):
+            sock = trickle_body(server.port)
+            time.sleep(0.1)
+            sock.close()
+        # an event stream is counted as it opens, while it is still open
+        stream, head = open_stream(server.port)
+        assert status_of(head) == 200
+
+        def counted() -> bool:
+            seen = api_requests(server.base)
+            return (
+                seen.get("PUT /v1/policy closed") == 3
+                and seen.get("GET /v1/events/stream 200") == 1
+            )
+
+        deadline = time.monotonic() + 10
+        while not counted():
+            assert time.monotonic() < deadline, api_requests(server.base)
+            time.sleep(0.2)
+        assert "PUT /v1/policy 500" not in api_requests(server.base)
+        stream.close()
+        assert httpx.get(f"{server.base}/livez").status_code == 200
+    text = log_path.read_text()
+    assert "Traceback" not in text and "ERROR" not in text, text[-2000:]
+
+
 def test_what_the_http_parser_refuses_has_the_error_shape(server: Served) -> None:
     for request in (
         b"FOO /v1/policy HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -37,25 +37,39 @@ def test_caches_show_a_drain_of_the_same_snapshot_at_once() -> None:
     before = (a, log.stats())
     cache, metrics = SnapshotCache(), MetricsCache(max_age=60.0)
     cache.put(before, b"a")
-    metrics.put(before, b"a")
-    assert cache.get((a, log.stats())) == b"a" and metrics.get((a, log.stats())) == b"a"
+    metrics.put(before, b"a", 0)
+    assert cache.get((a, log.stats())) == b"a" and metrics.get((a, log.stats()), 0) == b"a"
     log.drain(limit=2)
     after = (a, log.stats())
     assert cache.get(after) is None
-    assert metrics.get(after) is None
-    metrics.put(after, b"b")
+    assert metrics.get(after, 0) is None
+    metrics.put(after, b"b", 0)
     log.read(after_seq=1)  # a reader's miss is a counter: shown within max_age
-    assert metrics.get((a, log.stats())) == b"b"
+    assert metrics.get((a, log.stats()), 0) == b"b"
 
 
 def test_metrics_cache_bounds_age_and_shows_discrete_changes_at_once() -> None:
     cache = MetricsCache(max_age=60.0)
     a = snapshot(1)
-    cache.put((a, None), b"a")
-    assert cache.get((snapshot(2), None)) == b"a"  # counters moved on, young enough
-    assert cache.get((snapshot(2, version=2), None)) is None  # policy switched
-    assert cache.get((snapshot(2, state="paused"), None)) is None  # paused
+    cache.put((a, None), b"a", 0)
+    assert cache.get((snapshot(2), None), 0) == b"a"  # counters moved on, young enough
+    assert cache.get((snapshot(2, version=2), None), 0) is None  # policy switched
+    assert cache.get((snapshot(2, state="paused"), None), 0) is None  # paused
     old = MetricsCache(max_age=0.0)
-    old.put((a, None), b"a")
-    assert old.get((a, None)) == b"a"
-    assert old.get((snapshot(2), None)) is None
+    old.put((a, None), b"a", 0)
+    assert old.get((a, None), 0) == b"a"
+    assert old.get((snapshot(2), None), 0) is None
+
+
+def test_metrics_cache_renders_again_after_an_api_request_however_still_the_view() -> None:
+    # the API's own counters are on the same registry: an idle engine's
+    # unchanged snapshot must not freeze them (old: reused while the view was
+    # the same object, for ever)
+    old = MetricsCache(max_age=0.0)
+    a = snapshot(1, state="paused")
+    old.put((a, None), b"a", 5)
+    assert old.get((a, None), 5) == b"a"
+    assert old.get((a, None), 6) is None
+    young = MetricsCache(max_age=60.0)
+    young.put((a, None), b"a", 5)
+    assert young.get((a, None), 6) == b"a"  # within max_age, as every counter

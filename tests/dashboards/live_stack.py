@@ -231,6 +231,22 @@ def send(service_url: str, kind: str, policy: str = "") -> Sent:
     return Sent(kind, before, after)
 
 
+def _refused(service_url: str) -> None:
+    """A policy switch without the admin token, answered 401."""
+    request = urllib.request.Request(
+        f"{service_url}/v1/policy",
+        data=b'{"policy": "arc"}',
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=15).close()
+    except urllib.error.HTTPError as e:
+        assert e.code == 401, e.read()
+    else:
+        raise AssertionError("a switch without the admin token was accepted")
+
+
 #: what the stack sends, in order, with the scrapes to wait for after each
 SCRIPT: tuple[tuple[str, str, int], ...] = (
     ("switch_policy", "arc", 4),
@@ -284,6 +300,8 @@ def running_stack(workdir: Path) -> Iterator[LiveStack]:
             45,
             why,
         )
+        # a client without the token: the admin API's refusals have data
+        _refused(stack.service_url)
         sent = []
         for kind, policy, scrapes in SCRIPT:
             sent.append(send(stack.service_url, kind, policy))

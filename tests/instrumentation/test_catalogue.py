@@ -52,6 +52,7 @@ def test_catalogue_histograms_have_sorted_buckets() -> None:
         "kvoffload_transfer_duration_seconds",
         "kvoffload_transfer_size_bytes",
         "kvoffload_runtime_step_duration_seconds",
+        "kvoffload_api_request_duration_seconds",
     }
     for m in hists:
         assert list(m.buckets) == sorted(set(m.buckets)), m.name

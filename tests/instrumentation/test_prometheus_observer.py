@@ -13,6 +13,7 @@ from kvoffload.instrumentation import (
     PrometheusObserver,
     config_labels,
 )
+from kvoffload.instrumentation.prometheus import ApiMetrics
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.observer import TransferRecord
@@ -185,6 +186,8 @@ def test_engine_exposition_has_every_catalogue_metric_and_passes_promtool(
 ) -> None:
     engine, _ = _engine(registry, policy="arc")
     engine.run(max_steps=20)
+    # the admin API's (the service registers it beside the engine's)
+    ApiMetrics(registry=registry).record("GET /v1/cache", "200", 0.001)
     text = generate_latest(registry)
     families = {f.name: f for f in text_string_to_metric_families(text.decode())}
     for spec in METRICS:

@@ -1,0 +1,115 @@
+"""The admin API's own metrics (``app.request_metrics``): every answer counted
+by route and status, unknown routes folded into one series, and /metrics
+showing them even while the engine's snapshot does not change."""
+
+from __future__ import annotations
+
+import time
+
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.request_metrics import UNROUTED
+
+REQUESTS = "kvoffload_api_requests_total"
+DURATION = "kvoffload_api_request_duration_seconds"
+
+
+def scrape(client: TestClient) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """sample name -> {sorted labels: value} of one GET /metrics."""
+    answer = client.get("/metrics", headers=READ_HEADERS)
+    assert answer.status_code == 200
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(answer.text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def requests(samples: dict[str, dict[tuple[tuple[str, str], ...], float]]) -> dict[str, float]:
+    """'NAME OUTCOME' -> count."""
+    return {
+        f"{dict(labels)['name']} {dict(labels)['outcome']}": value
+        for labels, value in samples.get(REQUESTS, {}).items()
+    }
+
+
+def test_every_answer_is_counted_by_route_and_status(client: TestClient) -> None:
+    client.get("/v1/cache", headers=READ_HEADERS)
+    client.get("/v1/cache")  # no read token
+    client.put("/v1/policy", json={"policy": "arc"})  # no admin token
+    client.put("/v1/policy", json={"policy": "arc"}, headers=READ_HEADERS)  # not admin
+    client.put("/v1/policy", json={"policy": "arc"}, headers=ADMIN_HEADERS)
+    client.put("/v1/policy", json={"policy": "nope"}, headers=ADMIN_HEADERS)
+    client.get("/v1/events", params={"limit": "abc"}, headers=READ_HEADERS)
+    client.head("/v1/policy", headers=READ_HEADERS)
+    # the limits' own answer (before any route) is counted under the route
+    client.put("/v1/policy", content=b"x" * (2 << 20), headers=ADMIN_HEADERS)
+    counted = requests(scrape(client))
+    assert counted == {
+        "GET /v1/cache 200": 1,
+        "GET /v1/cache 401": 1,
+        "PUT /v1/policy 401": 1,
+        "PUT /v1/policy 403": 1,
+        "PUT /v1/policy 200": 1,
+        "PUT /v1/policy 422": 1,
+        "GET /v1/events 422": 1,
+        "HEAD /v1/policy 200": 1,
+        "PUT /v1/policy 413": 1,
+    }
+    # a scrape is counted too, once it is answered: the next rendering
+    # (past the cache's age bound, 0.1 s) shows it
+    time.sleep(0.15)
+    assert requests(scrape(client))["GET /metrics 200"] == 1
+
+
+def test_paths_and_methods_no_route_serves_are_one_series(client: TestClient) -> None:
+    for k in range(20):
+        client.get(f"/v1/cache/{k}", headers=READ_HEADERS)
+        client.get(f"/nothing-{k}?token=secret-{k}")
+    client.delete("/v1/cache", headers=ADMIN_HEADERS)  # a path served, not this method
+    client.request("BREW", "/v1/policy", headers=ADMIN_HEADERS)
+    samples = scrape(client)
+    assert requests(samples) == {f"{UNROUTED} 404": 40, f"{UNROUTED} 405": 2}
+    names = {dict(labels)["name"] for labels in samples[f"{DURATION}_count"]}
+    assert names == {UNROUTED}
+    assert samples[f"{DURATION}_count"][(("name", UNROUTED),)] == 42
+
+
+def test_durations_are_counted_with_the_requests(client: TestClient) -> None:
+    for _ in range(3):
+        client.get("/v1/policy", headers=READ_HEADERS)
+    samples = scrape(client)
+    labels = (("name", "GET /v1/policy"),)
+    assert samples[f"{DURATION}_count"][labels] == 3
+    assert samples[f"{DURATION}_sum"][labels] > 0
+    buckets = {
+        dict(k)["le"]: v
+        for k, v in samples[f"{DURATION}_bucket"].items()
+        if dict(k)["name"] == "GET /v1/policy"
+    }
+    assert buckets["+Inf"] == 3
+
+
+def test_metrics_of_an_idle_engine_still_show_the_api_requests(
+    make_client: ClientFactory,
+) -> None:
+    # the /metrics cache reused a rendering for as long as the engine's
+    # snapshot was the same object (a paused engine): the API counters would
+    # have stayed at their first value
+    client = make_client()
+    assert client.post("/v1/runtime:pause", headers=ADMIN_HEADERS).status_code == 200
+    seen = []
+    for _ in range(3):
+        time.sleep(0.15)  # past the cache's age bound (0.1 s)
+        seen.append(requests(scrape(client)).get("GET /metrics 200", 0))
+    assert seen == [0, 1, 2]
+
+
+def test_the_api_metrics_are_on_a_hosts_registry(make_client: ClientFactory) -> None:
+    # one registry: what a host exports (and the OTLP bridge reads) has them
+    client = make_client()
+    client.get("/livez")
+    registry = client.app.state.service.registry  # type: ignore[attr-defined]
+    value = registry.get_sample_value(REQUESTS, {"name": "GET /livez", "outcome": "200"})
+    assert value == 1
