@@ -55,8 +55,9 @@ def route_names(app: Starlette) -> dict[tuple[str, str], str]:
 
 class RequestMetrics:
     """ASGI middleware recording each HTTP request on the service's
-    :class:`~kvoffload.instrumentation.prometheus.ApiMetrics` (see the module doc). Before the service is up
-    (an app starting its own engine) nothing is recorded."""
+    :class:`~kvoffload.instrumentation.prometheus.ApiMetrics` (see the module
+    doc). Before the service is up (an app starting its own engine) nothing
+    is recorded."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
