@@ -49,7 +49,7 @@ EXPORTS = {
     ],
     "kvoffload.instrumentation.otel_metrics": ["OTelMetricsBridge"],
     "kvoffload.instrumentation.prometheus": [
-        "ConfigLabelValue", "KVOffloadCollector", "PrometheusObserver", "SnapshotSource",
+        "ApiMetrics", "ConfigLabelValue", "KVOffloadCollector", "PrometheusObserver", "SnapshotSource",
         "config_labels",
     ],
     "kvoffload.instrumentation.tracing": [
