@@ -185,9 +185,13 @@ def _issue_text(issue: Mapping[str, Any]) -> str:
     return f"{loc}: {issue.get('msg', 'invalid')}" if loc else str(issue.get("msg", "invalid"))
 
 
+#: issues an answer lists; its message says how many more there were
+MAX_ISSUES = 20
+
+
 def _issues(errors: Sequence[Any]) -> list[dict[str, Any]]:
     out = []
-    for raw in errors:
+    for raw in errors[:MAX_ISSUES]:
         issue = raw if isinstance(raw, Mapping) else {}
         out.append(
             {
@@ -206,23 +210,30 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    issues = _issues(exc.errors())
+    # a body of 60,000 unknown keys was a 5 MB answer rendered on the event
+    # loop (5 s): the answer lists the first MAX_ISSUES, the message counts all
+    errors = exc.errors()
+    issues = _issues(errors)
+    more = len(errors) - len(issues)
     if any(i["type"] == "json_invalid" for i in issues):
         return _malformed_body(issues)
     policy = next((i for i in issues if i["type"] == UNKNOWN_POLICY), None)
     if policy is not None:
         # the policy's message first; the other fields' problems after it
         others = [i for i in issues if i is not policy]
-        message = policy["msg"] + (f"; also: {_issues_text(others)}" if others else "")
+        message = policy["msg"] + (f"; also: {_issues_text(others, more)}" if others else "")
         error = unknown_policy(message)
         return error_json(422, error.code, message, issues=issues, **error.extra)
     summary = "the request does not match the API schema"
-    return error_json(422, "invalid_request", f"{summary}: {_issues_text(issues)}", issues=issues)
+    text = _issues_text(issues, more)
+    return error_json(422, "invalid_request", f"{summary}: {text}", issues=issues)
 
 
-def _issues_text(issues: list[dict[str, Any]]) -> str:
+def _issues_text(issues: list[dict[str, Any]], more: int = 0) -> str:
+    """The first five issues, and how many more (``more``: those not in ``issues``)."""
     text = "; ".join(_issue_text(i) for i in issues[:5])
-    return text + (f"; and {len(issues) - 5} more" if len(issues) > 5 else "")
+    rest = len(issues) - 5 + more if len(issues) > 5 else more
+    return text + (f"; and {rest} more" if rest > 0 else "")
 
 
 def _malformed_body(issues: list[dict[str, Any]] | None = None) -> JSONResponse:
