@@ -232,7 +232,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 def _issues_text(issues: list[dict[str, Any]], more: int = 0) -> str:
     """The first five issues, and how many more (``more``: those not in ``issues``)."""
     text = "; ".join(_issue_text(i) for i in issues[:5])
-    rest = len(issues) - 5 + more if len(issues) > 5 else more
+    rest = max(len(issues) - 5, 0) + more
     return text + (f"; and {rest} more" if rest > 0 else "")
 
 

@@ -46,6 +46,7 @@ from kvoffload.instrumentation.catalogue import (
     METRICS_BY_NAME,
     PROMPT_TOKEN_OUTCOMES,
     TRANSFER_OUTCOMES,
+    MetricSource,
     MetricSpec,
 )
 from kvoffload.runtime.observer import EngineObserver, TransferRecord
@@ -100,6 +101,12 @@ def _empty_family(spec: MetricSpec) -> Metric:
     if spec.type == "histogram":
         return HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
     return _family(spec.name, spec.labels)
+
+
+def _empty_families(*sources: MetricSource) -> list[Metric]:
+    """The sample-less families of the catalogue's metrics from ``sources``
+    (what a collector yielding them says in ``describe()``)."""
+    return [_empty_family(spec) for spec in METRICS if spec.source in sources]
 
 
 def _label_value(value: ConfigLabelValue) -> str:
@@ -183,9 +190,7 @@ class KVOffloadCollector:
     def describe(self) -> Iterable[Metric]:
         """Every family this collector may yield, without samples (lets the
         registry reject a second collector exposing the same names)."""
-        for spec in METRICS:
-            if spec.source not in ("observer", "api"):
-                yield _empty_family(spec)
+        return _empty_families("manager", "events", "runtime", "static")
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -407,9 +412,7 @@ class PrometheusObserver(EngineObserver):
     # -- Collector ------------------------------------------------------------
 
     def describe(self) -> Iterable[Metric]:
-        for spec in METRICS:
-            if spec.source == "observer":
-                yield _empty_family(spec)
+        return _empty_families("observer")
 
     def collect(self) -> Iterator[Metric]:
         yield _family(
@@ -468,9 +471,7 @@ class ApiMetrics:
         self.answered += 1
 
     def describe(self) -> Iterable[Metric]:
-        for spec in METRICS:
-            if spec.source == "api":
-                yield _empty_family(spec)
+        return _empty_families("api")
 
     def collect(self) -> Iterator[Metric]:
         requests = list(self._requests.items())
