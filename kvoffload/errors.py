@@ -7,6 +7,7 @@ __all__ = [
     "BlockStateError",
     "ConfigError",
     "KVOffloadError",
+    "PolicyContractError",
     "PolicyError",
     "TransferError",
     "UnknownTicketError",
@@ -28,6 +29,15 @@ class BlockStateError(KVOffloadError, RuntimeError):
 
 class PolicyError(ConfigError):
     """An unknown eviction policy was requested."""
+
+
+class PolicyContractError(KVOffloadError, RuntimeError):
+    """An eviction policy of one's own answered what its contract forbids
+    (victims repeated, too many or too few, protected or still resident; a
+    store admitted past its length). The message names the policy and the
+    breach. The manager checked before freeing anything, but the policy
+    already changed the table: a manager that raised it is not to be used
+    again (the policy is to be fixed)."""
 
 
 class TransferError(KVOffloadError, RuntimeError):

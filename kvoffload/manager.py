@@ -31,7 +31,7 @@ nothing on the hot path takes a lock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 from kvoffload import policies
@@ -44,9 +44,9 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError, PolicyError
+from kvoffload.errors import BlockStateError, ConfigError, PolicyContractError, PolicyError
 from kvoffload.event_log import EventLog
-from kvoffload.policies import EvictionPolicy, create_policy
+from kvoffload.policies import EvictionPolicy, Victims, create_policy
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats, WindowStats
 from kvoffload.table import BlockTable
@@ -135,8 +135,11 @@ class PolicyOffloadingManager(OffloadingManager):
 
     def _hook(self, policy: EvictionPolicy) -> None:
         """Ask the policy to admit stores only if it may decline some: the
-        hot path of the others gains one ``is None`` test."""
+        hot path of the others gains one ``is None`` test. A policy of one's
+        own has its answers checked; kvoffload's are not (their victims come
+        from the table's own ``evict``)."""
         self._admit = policy.admit if type(policy).admit is not EvictionPolicy.admit else None
+        self._trusted = policies.is_builtin(type(policy))
 
     # -- introspection ----------------------------------------------------
 
@@ -243,6 +246,8 @@ class PolicyOffloadingManager(OffloadingManager):
             and n_evict > len(table) - table.window_resident - (len(named) - absent)
         ):
             keep = self._admit(to_store, n_evict, named)
+            if not self._trusted and not (type(keep) is int and 0 <= keep <= absent):
+                raise self._breach(f"admit answered {keep!r}, not an int from 0 to {absent}")
             if keep < absent:
                 to_store = to_store[:keep]
                 n_evict -= absent - keep
@@ -253,7 +258,7 @@ class PolicyOffloadingManager(OffloadingManager):
             evictable = len(table) - table.pinned - table.in_flight
             log, policy = self.event_log, self._policy
             before = dict(policy.evictions) if log is not None else {}
-            victims = policy.evict(n_evict, named) if n_evict <= evictable else None
+            victims = self._evict(n_evict, named) if n_evict <= evictable else None
             if victims is None:
                 self._rejected_stores += 1
                 self._rejected_blocks += len(to_store)
@@ -271,6 +276,54 @@ class PolicyOffloadingManager(OffloadingManager):
             block_hashes_to_store=to_store,
             store_spec=backend.get_handles_spec(to_store, handles),
             block_hashes_evicted=evicted,
+        )
+
+    def _evict(self, n: int, protected: Collection[BlockHash]) -> Victims | None:
+        """The policy's ``evict``; unless the policy is kvoffload's, its answer
+        is checked against the contract before anything is freed (a policy
+        that answered a victim twice, too many or too few, or a block the
+        call names, freed a block id twice or lost one, and a replay reported
+        hits no cache can have, with no error)."""
+        policy, table = self._policy, self._table
+        if self._trusted:
+            return policy.evict(n, protected)
+        resident = len(table)
+        victims = policy.evict(n, protected)
+        removed = resident - len(table)
+        if victims is None:
+            if removed:
+                raise self._breach(f"evict answered None but removed {removed} blocks")
+            return None
+        try:
+            hashes, handles = victims
+            count, distinct = len(hashes), len(set(hashes))
+            n_handles = len(handles)
+        except (TypeError, ValueError):
+            raise self._breach(
+                f"evict answered {type(victims).__name__}, not (hashes, handles)"
+            ) from None
+        if count != n or n_handles != n:
+            problem = f"{count} hashes and {n_handles} handles for the {n} victims asked"
+        elif distinct != n:
+            problem = "a victim more than once"
+        elif removed != n:
+            problem = f"{n} victims but {removed} blocks removed from the table"
+        else:
+            named = [h for h in hashes if h in protected]
+            kept = [h for h in hashes if h in table]
+            if not named and not kept:
+                return hashes, handles
+            problem = (
+                f"victim {named[0]!r}, which the call names (protected)"
+                if named
+                else f"victim {kept[0]!r}, still resident"
+            )
+        raise self._breach(f"evict answered {problem}")
+
+    def _breach(self, problem: str) -> PolicyContractError:
+        return PolicyContractError(
+            f"eviction policy {self._policy.name!r} broke its contract: {problem} "
+            "(see docs/writing-a-policy.md); this manager is not to be used again"
         )
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
@@ -422,8 +475,9 @@ class PolicyOffloadingManager(OffloadingManager):
         evicted: list[BlockHash] = []
         before = dict(policy.evictions)
         if evictable:
-            victims = policy.evict(evictable, ())
-            assert victims is not None
+            victims = self._evict(evictable, ())
+            if victims is None:
+                raise self._breach(f"evict answered None for {evictable} unprotected idle blocks")
             evicted, freed = victims
             self.backend.free_handles(freed)
         policy.clear_ghosts()

@@ -25,6 +25,7 @@ __all__ = [
     "available_policies",
     "create_policy",
     "import_policy_modules",
+    "is_builtin",
     "policy_class",
     "register_policy",
 ]
@@ -36,6 +37,16 @@ _REGISTRY: dict[str, str] = {
     "kvarc": "kvoffload.policies.kvarc:KVARCPolicy",
     "hkvarc": "kvoffload.policies.hkvarc:HKVARCPolicy",
 }
+
+
+#: the policies kvoffload ships, whose victims come from the table's own evict
+_BUILTIN = frozenset(_REGISTRY.values())
+
+
+def is_builtin(cls: type) -> bool:
+    """Whether ``cls`` is one of the policies kvoffload ships (not a
+    subclass of one): the manager trusts their answers unchecked."""
+    return f"{cls.__module__}:{cls.__qualname__}" in _BUILTIN
 
 
 def available_policies() -> tuple[str, ...]:

@@ -31,7 +31,8 @@ EXPORTS = {
     "kvoffload.backends.cpu": ["CPUBackend", "CPUBlockStatus"],
     "kvoffload.cli": ["OneLineParser", "main"],
     "kvoffload.errors": [
-        "BlockStateError", "ConfigError", "KVOffloadError", "PolicyError", "TransferError",
+        "BlockStateError", "ConfigError", "KVOffloadError", "PolicyContractError", "PolicyError",
+        "TransferError",
         "UnknownTicketError",
     ],
     "kvoffload.event_log": [
@@ -59,7 +60,7 @@ EXPORTS = {
     "kvoffload.mediums": ["BlockIDsLoadStoreSpec", "CPULoadStoreSpec", "GPULoadStoreSpec"],
     "kvoffload.policies": [
         "STAY", "EvictionPolicy", "TouchRules", "Victims", "available_policies", "create_policy",
-        "import_policy_modules", "policy_class", "register_policy",
+        "import_policy_modules", "is_builtin", "policy_class", "register_policy",
     ],
     "kvoffload.policies.arc": ["B1", "B2", "T1", "T2", "ARCList", "ARCPolicy", "TwoListPolicy"],
     "kvoffload.policies.base": ["EvictionPolicy", "Victims"],

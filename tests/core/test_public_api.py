@@ -65,6 +65,7 @@ def test_public_api_all_is_pinned() -> None:
         "OffloadingSpec",
         "OffloadingSpecFactory",
         "OffloadingWorker",
+        "PolicyContractError",
         "PolicyError",
         "PolicyOffloadingManager",
         "PrepareStoreOutput",
