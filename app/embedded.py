@@ -141,7 +141,7 @@ def start_admin_server(
     _mask_access_log()
     config = uvicorn.Config(
         build_app(settings, service),
-        http=header_timeout_protocol(settings.header_timeout),
+        http=header_timeout_protocol(settings.header_timeout, settings.max_header_bytes),
         ws="none",
         lifespan="off",
         # nothing in front is trusted to say who the client is

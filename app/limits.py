@@ -18,8 +18,11 @@ headers, and for its body (and HEAD, answered as GET without a body).
   connection whose request line and headers have not all arrived within the
   deadline (a client trickling one header line at a time holds nothing for
   long). The clock starts when the connection opens, and again when an
-  answer is complete and the connection waits for its next request. What
-  its parser refuses as HTTP is answered 400 in the API's error shape.
+  answer is complete and the connection waits for its next request. A
+  request line and headers larger than ``max_bytes`` are answered 431 and
+  the connection closes (the parser kept them all in memory: one 62 MiB
+  header, or 2,000,000 header lines, were taken). What its parser refuses
+  as HTTP is answered 400 in the API's error shape.
 """
 
 from __future__ import annotations
@@ -138,12 +141,36 @@ async def _answer(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
+def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Protocol]:
     """An httptools protocol class for ``uvicorn.Config(http=...)`` that closes
-    a connection whose request line and headers take longer than ``timeout``."""
+    a connection whose request line and headers take longer than ``timeout``
+    seconds, and answers 431 to those of more than ``max_bytes``."""
 
     class HeaderTimeoutProtocol(HttpToolsProtocol):
         _header_deadline: asyncio.TimerHandle | None = None
+        #: bytes received since the deadline was armed (a request's line
+        #: and headers, and what came in the same reads)
+        _head_bytes = 0
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_deadline is not None:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            # still waiting for the end of the headers: counted in whole
+            # reads (at most one read past the cap), a body in the read
+            # that completed them not held against them
+            if (
+                self._header_deadline is not None
+                and self._head_bytes > max_bytes
+                and not self.transport.is_closing()
+            ):
+                self._disarm()
+                self._refuse(
+                    b"431 Request Header Fields Too Large",
+                    "headers_too_large",
+                    f"the request line and headers are larger than {max_bytes} bytes, "
+                    "the most this service accepts; the connection closes",
+                )
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -171,6 +198,7 @@ def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
 
         def _arm(self) -> None:
             self._disarm()
+            self._head_bytes = 0
             self._header_deadline = self.loop.call_later(timeout, self._headers_late)
 
         def _disarm(self) -> None:
@@ -192,18 +220,19 @@ def header_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
             # what the HTTP parser refuses (a bad request line, two
             # Content-Lengths, bare LF line ends) gets the API's error shape
             # too, not uvicorn's text/plain
-            body = json.dumps(
-                {
-                    "error": {
-                        "code": "bad_request",
-                        "message": "the request is not valid HTTP/1.1 (request line, "
-                        "headers or framing); the connection closes",
-                    }
-                }
-            ).encode()
+            self._refuse(
+                b"400 Bad Request",
+                "bad_request",
+                "the request is not valid HTTP/1.1 (request line, headers or framing); "
+                "the connection closes",
+            )
+
+        def _refuse(self, status: bytes, code: str, message: str) -> None:
+            """Answer in the API's error shape, before any route, and close."""
+            body = json.dumps({"error": {"code": code, "message": message}}).encode()
             self.transport.write(
-                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+                b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
             )
             self.transport.close()
 

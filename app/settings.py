@@ -184,6 +184,13 @@ class Settings(BaseSettings):
         le=1024**3,
         description="largest request body accepted; larger ones get 413 unread",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024**2,
+        description="largest request line and headers accepted; larger ones get 431 "
+        "and the connection is closed",
+    )
     header_timeout: float = Field(
         default=10.0,
         gt=0.0,

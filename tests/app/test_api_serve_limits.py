@@ -492,6 +492,57 @@ def test_what_the_http_parser_refuses_has_the_error_shape(server: Served) -> Non
         assert json.loads(body)["error"]["code"] == "bad_request"
 
 
+def send_head(port: int, lines: Iterator[bytes]) -> bytes:
+    """Send a request head line by line, as long as the server reads, and
+    return its answer (the server may close before the head is all sent)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for line in lines:
+                sock.sendall(line)
+        chunks = []
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def head(*headers: bytes) -> Iterator[bytes]:
+    yield b"GET /livez HTTP/1.1\r\nHost: x\r\n"
+    yield from headers
+    yield b"\r\n"
+
+
+def test_request_headers_over_the_cap_are_a_431_and_the_connection_closes(
+    server: Served,
+) -> None:
+    # the parser kept every byte of a head: one 62 MiB header, or 2,000,000
+    # header lines, were taken (found by an audit); the cap is 64 KiB
+    big = b"X-Big: " + b"a" * 16384
+    answers = {
+        "one 16 MiB header": send_head(
+            server.port, head(b"X-Big: ", *(b"a" * 65536 for _ in range(256)), b"\r\n")
+        ),
+        "20,000 header lines": send_head(
+            server.port, head(*(b"X-A: 1\r\n" for _ in range(20_000)))
+        ),
+        "five 16 KiB headers": send_head(server.port, head(*(big + b"\r\n" for _ in range(5)))),
+    }
+    for what, answer in answers.items():
+        assert status_of(answer) == 431, (what, answer[:300])
+        head_, _, body = answer.partition(b"\r\n\r\n")
+        assert b"connection: close" in head_.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "headers_too_large"
+        assert "larger than 65536 bytes" in error["message"]
+    # under the cap is served, and so is everyone else
+    answer = raw_request(server.port, b"".join(head(*(big + b"\r\n" for _ in range(3)))))
+    assert status_of(answer) == 200, answer[:300]
+    # refused before a request exists: not in the API's own metrics (as documented)
+    metrics = httpx.get(f"{server.base}/metrics", headers=READ, timeout=10).text
+    assert 'kvoffload_api_requests_total{name="GET /livez",outcome="200"}' in metrics
+    assert 'outcome="431"' not in metrics
+
+
 def test_head_is_get_without_the_body(server: Served) -> None:
     for route in ("/livez", "/readyz", "/v1/policy", "/metrics"):
         get = httpx.get(f"{server.base}{route}", headers=READ, timeout=5)
