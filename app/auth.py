@@ -192,11 +192,36 @@ def check_query(request: Request, known: set[str]) -> None:
         )
 
 
+def _header_names(dependant: Dependant) -> dict[bytes, str]:
+    """The headers a route reads, as they come in a scope: their names as
+    the route spells them."""
+    names = {
+        field.alias.lower().encode("latin-1"): field.alias for field in dependant.header_params
+    }
+    for sub in dependant.dependencies:
+        names |= _header_names(sub)
+    return names
+
+
+def check_headers(request: Request, declared: dict[bytes, str]) -> None:
+    """A header the route reads, given twice, is an error (422): the route
+    would see the first only."""
+    seen: set[bytes] = set()
+    for name, _ in request.scope["headers"]:
+        if name in declared:
+            if name in seen:
+                raise ApiError(
+                    422, "invalid_request", f"header {declared[name]!r} is given more than once"
+                )
+            seen.add(name)
+
+
 class GuardedRoute(APIRoute):
     """A route that decides from the request line and headers, before FastAPI
     reads and parses the body: auth first (an unauthenticated request gets
     401/403, never 400/422 for its body, and its body is never read), then
-    the query's names (an unknown one is 422), then, on a route that is not
+    the query's names (an unknown one is 422) and the headers it reads
+    (one given twice is 422), then, on a route that is not
     a GET, the body (:func:`app.bodies.check_body`). All are plain calls,
     not dependencies: FastAPI's dependency solving costs more than the
     checks, and the GIL it holds is the engine's."""
@@ -209,6 +234,7 @@ class GuardedRoute(APIRoute):
         elif uses(self.dependant, require_read):
             guard = check_read
         known = _query_names(self.dependant)
+        headers = _header_names(self.dependant)
         reads_body = bool((self.methods or set()) - {"GET", "HEAD"})
         takes_body = self.body_field is not None
 
@@ -218,6 +244,8 @@ class GuardedRoute(APIRoute):
                 request.scope[_CHECKED] = True
             if request.scope["query_string"]:
                 check_query(request, known)
+            if headers:
+                check_headers(request, headers)
             if reads_body:
                 await check_body(request, takes_body)
             return await handler(request)

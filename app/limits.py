@@ -151,6 +151,8 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
         #: bytes received since the deadline was armed (a request's line
         #: and headers, and what came in the same reads)
         _head_bytes = 0
+        #: what to answer instead of the parser's 400: (status, code, message)
+        _refusal: tuple[bytes, str, str] | None = None
 
         def data_received(self, data: bytes) -> None:
             if self._header_deadline is not None:
@@ -183,6 +185,23 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
 
         def on_headers_complete(self) -> None:
             self._disarm()  # its headers are in
+            version = self.parser.get_http_version()
+            if version not in ("1.0", "1.1"):
+                self._refusal = (
+                    b"505 HTTP Version Not Supported",
+                    "http_version_not_supported",
+                    f"HTTP/{version} is not served here; send HTTP/1.1",
+                )
+            elif version == "1.1" and not any(name == b"host" for name, _ in self.headers):
+                # RFC 9112, 3.2: an HTTP/1.1 request without Host is a 400
+                self._refusal = (
+                    b"400 Bad Request",
+                    "bad_request",
+                    "an HTTP/1.1 request needs a Host header; the connection closes",
+                )
+            if self._refusal is not None:
+                # the parser stops and calls send_400_response, which sends it
+                raise ValueError(self._refusal[2])
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
@@ -221,10 +240,13 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
             # Content-Lengths, bare LF line ends) gets the API's error shape
             # too, not uvicorn's text/plain
             self._refuse(
-                b"400 Bad Request",
-                "bad_request",
-                "the request is not valid HTTP/1.1 (request line, headers or framing); "
-                "the connection closes",
+                *self._refusal
+                or (
+                    b"400 Bad Request",
+                    "bad_request",
+                    "the request is not valid HTTP/1.1 (request line, headers or framing); "
+                    "the connection closes",
+                )
             )
 
         def _refuse(self, status: bytes, code: str, message: str) -> None:

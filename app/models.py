@@ -299,7 +299,7 @@ class ResetRequest(_Request):
     model_config = ConfigDict(json_schema_extra={"required": ["confirm"]})
 
     confirm: bool = Field(
-        False,
+        default=False,
         description="must be true: reset drops the cached blocks",
         json_schema_extra={"const": True},
     )
@@ -410,7 +410,7 @@ class EventPageView(_Response):
 
 class DrainRequest(_Request):
     limit: int = Field(
-        MAX_EVENTS_LIMIT,
+        default=MAX_EVENTS_LIMIT,
         strict=False,
         ge=1,
         le=MAX_EVENTS_LIMIT,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Response
-from pydantic.json_schema import SkipJsonSchema
 
 from app.auth import GuardedRoute
 from app.cached_reads import CACHE_MEDIA_TYPE
@@ -46,9 +45,9 @@ async def get_cache(_: ReadAccess, service: ServiceDep) -> Response:
 async def reset_cache(
     _: AdminAccess,
     service: ServiceDep,
-    body: Annotated[ResetRequest | SkipJsonSchema[None], Body()] = None,
+    body: Annotated[ResetRequest, Body()] = ResetRequest(),  # noqa: B008 (read only)
 ) -> CommandView:
-    if body is None or body.confirm is not True:
+    if body.confirm is not True:
         raise ApiError(
             422,
             "confirmation_required",

@@ -86,7 +86,9 @@ def _cursor(value: object) -> object:
     # the whole check here, so that a bad cursor is one error, not one per
     # member of the union below
     value = decimal_text(value)
-    if isinstance(value, str) and not 0 <= int(value) <= MAX_SEQ:
+    # digits only, no leading zero (decimal_text): more than 2**53 - 1's 16
+    # digits is too large, and int() of thousands of them is Python's error
+    if isinstance(value, str) and (len(value) > 16 or int(value) > MAX_SEQ):
         raise PydanticCustomError(
             "less_than_equal", "Input should be at most {max} (2**53 - 1)", {"max": MAX_SEQ}
         )
@@ -164,9 +166,9 @@ async def drain_events(
     _: AdminAccess,
     service: ServiceDep,
     log: EventLogDep,
-    body: Annotated[DrainRequest | SkipJsonSchema[None], Body()] = None,
+    body: Annotated[DrainRequest, Body()] = DrainRequest(),  # noqa: B008 (read only)
 ) -> Response:
-    limit = body.limit if body is not None else MAX_EVENTS_LIMIT
+    limit = body.limit
     with service.tracer.start_as_current_span(
         "kvoffload.admin.drain_events",
         attributes={"kvoffload.admin.action": "drain_events", "kvoffload.admin.limit": limit},

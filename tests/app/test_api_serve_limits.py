@@ -492,6 +492,26 @@ def test_what_the_http_parser_refuses_has_the_error_shape(server: Served) -> Non
         assert json.loads(body)["error"]["code"] == "bad_request"
 
 
+@pytest.mark.parametrize(
+    ("request_", "status", "says"),
+    [
+        # RFC 9112, 3.2 (was answered 200)
+        (b"GET /livez HTTP/1.1\r\n\r\n", 400, "needs a Host header"),
+        (b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0 is not served"),
+        (b"GET /livez HTTP/1.0\r\n\r\n", 200, None),  # 1.0 has no Host
+    ],
+)
+def test_the_http_version_and_host_are_checked(
+    server: Served, request_: bytes, status: int, says: str | None
+) -> None:
+    answer = raw_request(server.port, request_)
+    assert status_of(answer) == status, answer[:300]
+    if says is not None:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"connection: close" in head.lower()
+        assert says in json.loads(body)["error"]["message"]
+
+
 def send_head(port: int, lines: Iterator[bytes]) -> bytes:
     """Send a request head line by line, as long as the server reads, and
     return its answer (the server may close before the head is all sent)."""

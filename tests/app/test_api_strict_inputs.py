@@ -207,12 +207,38 @@ def test_a_cursor_ahead_of_the_log_is_a_conflict_not_an_empty_page(client: TestC
     assert page["events"] == [] and page["next_after_seq"] == last
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "+1", "9007199254740992"])
+@pytest.mark.parametrize("value", ["abc", "-5", "+1", "9007199254740992", "9" * 5000])
 def test_a_bad_last_event_id_is_one_plain_issue(client: TestClient, value: str) -> None:
     r = client.get("/v1/events/stream?limit=1", headers={"Last-Event-ID": value})
-    error_of(r, 422, "invalid_request")
+    message = error_of(r, 422, "invalid_request")
     (issue,) = r.json()["error"]["issues"]  # once one per member of a union
     assert issue["loc"] == ["header", "Last-Event-ID"]
+    assert "digits" not in message or "digits only" in message  # not Python's int() limit
+
+
+def test_a_last_event_id_given_twice_is_refused(client: TestClient) -> None:
+    # the route saw the first one only
+    headers = [("Last-Event-ID", "1"), ("Last-Event-ID", "2")]
+    r = client.get("/v1/events/stream?limit=1", headers=headers)
+    assert "header 'Last-Event-ID' is given more than once" in error_of(r, 422, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "loc"),
+    [
+        ("/v1/events:drain", {"limit": "x"}, ["body", "limit"]),
+        ("/v1/events:drain", {"limits": 5}, ["body", "limits"]),
+        ("/v1/cache:reset", {"confirm": "yes"}, ["body", "confirm"]),
+    ],
+)
+def test_an_optional_body_has_plain_issues(
+    client: TestClient, route: str, body: dict[str, object], loc: list[str]
+) -> None:
+    # were ["body", "DrainRequest", "limit"] plus a phantom ["body", "none"]
+    r = client.post(route, json=body, headers=ADMIN_HEADERS)
+    error_of(r, 422, "invalid_request")
+    (issue,) = r.json()["error"]["issues"]
+    assert issue["loc"] == loc
 
 
 def test_an_empty_last_event_id_is_no_cursor(client: TestClient) -> None:
