@@ -6,7 +6,7 @@ are trusted unchecked (their victims come from the table's ``evict``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Sequence
 from enum import IntEnum
 
 import pytest
@@ -85,11 +85,8 @@ def _none_after_removing(self: _Fifo, n: int, protected: Container[BlockHash]) -
 
 
 @pytest.fixture(autouse=True)
-def _registry() -> Iterator[None]:
-    saved = dict(policies._REGISTRY)
-    yield
-    policies._REGISTRY.clear()
-    policies._REGISTRY.update(saved)
+def _registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(policies, "_REGISTRY", dict(policies._REGISTRY))
 
 
 def _manager(cls: type[EvictionPolicy]) -> PolicyOffloadingManager:
