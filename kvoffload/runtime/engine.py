@@ -61,6 +61,10 @@ _STOP = object()
 _Queued = tuple[Command, "concurrent.futures.Future[CommandResult]"]
 
 
+def _running_in_run(what: str) -> RuntimeError:
+    return RuntimeError(f"the engine is already running (in run()): {what} refused")
+
+
 class Engine:
     """Runs a workload through a GPU KV store, an offloading manager and the
     CPU<->GPU swap handler. Use :meth:`run` on the calling thread, or
@@ -163,9 +167,11 @@ class Engine:
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stop_requested = False
         self._thread: threading.Thread | None = None
-        # held by run() (stop() waits for it), and run()'s thread
+        # held by run() (stop() waits for it) and while start() starts the
+        # thread; run()'s thread; one start() at a time
         self._run_lock = threading.Lock()
         self._runner: int | None = None
+        self._start_lock = threading.Lock()
         self._snapshot = self._take_snapshot()
 
     # -- public surface ----------------------------------------------------
@@ -216,16 +222,25 @@ class Engine:
         return self._submit(Command("reset"))
 
     def start(self) -> None:
-        """Run the loop in a background thread."""
-        if self._thread is not None:
-            raise RuntimeError("engine already started")
-        self._check_not_running("start()")
-        self._thread = threading.Thread(
-            target=self._run_safely, name="kvoffload-engine", daemon=True
-        )
-        self._state = "running"
-        self._publish()
-        self._thread.start()
+        """Run the loop in a background thread. :class:`RuntimeError` if it
+        was started already or runs in :meth:`run`;
+        :class:`EngineStoppedError` once it has stopped."""
+        with self._start_lock:  # two threads starting it: one loop
+            if self._thread is not None:
+                raise RuntimeError("engine already started")
+            if self._state == "stopped":
+                raise EngineStoppedError("the engine has stopped; it cannot start again")
+            if not self._run_lock.acquire(blocking=False):
+                raise _running_in_run("start()")
+            try:
+                self._thread = threading.Thread(
+                    target=self._run_safely, name="kvoffload-engine", daemon=True
+                )
+                self._state = "running"
+                self._publish()
+                self._thread.start()
+            finally:
+                self._run_lock.release()
 
     @property
     def thread_id(self) -> int | None:
@@ -237,21 +252,27 @@ class Engine:
         the final snapshot."""
         self._stop_requested = True
         self._commands.put(_STOP)
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                logger.error("engine thread did not stop within %.1f s", timeout)
-        elif self._runner == threading.get_ident():
-            pass  # from run()'s own thread (an observer): run() stops after this step
-        elif self._run_lock.acquire(timeout=timeout):
-            # no run() in progress, or it has returned, having stopped the engine
+        me = threading.current_thread()
+        if self._thread is me or self._runner == me.ident:
+            # from the loop's own thread (an observer): it stops after this step
+            return self._snapshot
+        thread = self._thread
+        if thread is None:
+            if not self._run_lock.acquire(timeout=timeout):
+                logger.error("engine run() did not stop within %.1f s", timeout)
+                return self._snapshot
+            # no run() in progress, or it has returned, having stopped the
+            # engine; or start() made the thread meanwhile (it holds the lock)
             try:
-                if self._state != "stopped":
+                thread = self._thread
+                if thread is None and self._state != "stopped":
                     self._finish()
             finally:
                 self._run_lock.release()
-        else:
-            logger.error("engine run() did not stop within %.1f s", timeout)
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.error("engine thread did not stop within %.1f s", timeout)
         return self._snapshot
 
     def run(self, max_steps: int | None = None) -> EngineSnapshot:
@@ -261,11 +282,16 @@ class Engine:
         there); paced by ``config.speed``. Finishes in-flight jobs and returns
         the snapshot. :class:`RuntimeError` while the engine runs elsewhere
         (:meth:`start`, or ``run`` on another thread);
-        :class:`EngineStoppedError` once it has stopped."""
-        if self._thread is not None:
-            raise RuntimeError("the engine runs in its own thread (start()); use stop() to end it")
+        :class:`EngineStoppedError` once it has stopped; :class:`ConfigError`
+        for a ``max_steps`` that is not a count of at least 1."""
+        if max_steps is not None and not (is_int(max_steps) and max_steps >= 1):
+            raise ConfigError(f"max_steps must be None or an int >= 1, got {max_steps!r}")
         if not self._run_lock.acquire(blocking=False):
-            self._check_not_running("run()")
+            raise _running_in_run("run()")
+        # checked with the lock held: start() sets the thread holding it
+        if self._thread is not None:
+            self._run_lock.release()
+            raise RuntimeError("the engine runs in its own thread (start()); use stop() to end it")
         if self._state == "stopped":
             self._run_lock.release()
             raise EngineStoppedError("the engine has stopped; it cannot run again")
@@ -288,10 +314,6 @@ class Engine:
             self._runner = None
             self._run_lock.release()
         return self._snapshot
-
-    def _check_not_running(self, what: str) -> None:
-        if self._run_lock.locked():
-            raise RuntimeError(f"the engine is already running (in run()): {what} refused")
 
     # -- command handling ----------------------------------------------------
 
@@ -391,19 +413,27 @@ class Engine:
         if wait > 0:
             self._apply_commands(block=True, timeout=min(wait, 0.5))
             return "waited"
-        if not self.step():
+        if not self._step():
             self._state = "finished"
             return "ended"
         return "stepped"
 
     def _finish(self) -> None:
-        self._jobs.drain()
+        # stopped whatever the jobs do: a drain that raised (the handler that
+        # crashed the loop, again) left the engine "running" for ever, and
+        # every later command waiting for a loop that was gone
+        try:
+            self._jobs.drain()
+            left = "no transfer job in flight"
+        except Exception:
+            logger.exception("the in-flight transfer jobs could not be finished")
+            left = f"{len(self._jobs)} transfer jobs left unfinished"
         self._state = "stopped"
         self._publish()
         for obs in self.observers:
             self._notify(obs.close)
         self._fail_queued()
-        logger.info("engine stopped after %d steps; no transfer job in flight", self._c.steps)
+        logger.info("engine stopped after %d steps; %s", self._c.steps, left)
 
     def _fail_queued(self) -> None:
         """Fail whatever is still queued so no caller waits forever."""
@@ -424,7 +454,18 @@ class Engine:
         self._hinted.append((r, blocks, self.manager.hint(blocks.offloaded)))
 
     def step(self) -> bool:
-        """Take one engine step; ``False`` when the workload is exhausted."""
+        """Take one engine step; ``False`` when the workload is exhausted.
+        For driving the engine by hand: :class:`EngineStoppedError` once it
+        has stopped, :class:`RuntimeError` while another thread drives it
+        (:meth:`start`, or :meth:`run` there)."""
+        if self._state == "stopped":
+            raise EngineStoppedError("the engine has stopped; it takes no more steps")
+        thread, me = self._thread, threading.current_thread()
+        if (thread is not None and thread is not me) or self._runner not in (None, me.ident):
+            raise RuntimeError("the engine is driven by another thread: step() refused")
+        return self._step()
+
+    def _step(self) -> bool:
         waiting = self._queue
         waiting.admit(at_least_one=True)
         batch: list[Request] = []

@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvoffload.errors import PolicyError
+from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.runtime import CommandResult, EngineObserver
 from kvoffload.runtime.commands import EngineStoppedError, VersionConflictError
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.engine import Engine
 from kvoffload.runtime.snapshot import EngineSnapshot
 from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
-from kvoffload.runtime.workloads import loop
+from kvoffload.runtime.workloads import Workload, loop
+from kvoffload.transfer.memory import InMemoryOffloadingHandler
 
 BLOCK = 64
 TIMEOUT = 20.0  # generous bound for any single wait; passing runs take milliseconds
@@ -40,15 +41,18 @@ def config(**overrides: object) -> EngineConfig:
     return EngineConfig(**args)  # type: ignore[arg-type]
 
 
-def endless() -> Engine:
-    workload = loop(
+def endless_workload() -> Workload:
+    return loop(
         SyntheticWorkload(
             SyntheticConfig(
                 seed=5, num_requests=100, trace_block_size=BLOCK, open_chats=8, num_documents=20
             )
         )
     )
-    return Engine(config(), workload)
+
+
+def endless() -> Engine:
+    return Engine(config(), endless_workload())
 
 
 def wait_for(engine: Engine, ok: Callable[[EngineSnapshot], bool]) -> EngineSnapshot:
@@ -342,3 +346,98 @@ def test_a_pause_or_resume_that_changes_nothing_is_not_recorded() -> None:
         assert seen.applied == ["pause", "resume"]
     finally:
         engine.stop(timeout=TIMEOUT)
+
+
+# --------------------------------------------------------------------------- lifecycle misuse
+# (each found by an audit of the runtime)
+
+
+class _DeviceLost(InMemoryOffloadingHandler):
+    """Fails every poll once a job is in flight, as a lost device would."""
+
+    def get_finished(self) -> list[tuple[int, bool]]:
+        if self.num_in_flight:
+            raise RuntimeError("device lost")
+        return super().get_finished()
+
+
+def test_a_loop_that_crashes_with_jobs_in_flight_stops_and_fails_commands() -> None:
+    # the drain at the end raised again: the engine said "running" for ever
+    # and a pause() future never resolved
+    c = config()
+    handler = _DeviceLost(
+        block_size_factor=c.block_factor,
+        num_gpu_blocks=c.num_gpu_blocks,
+        num_cpu_blocks=c.num_cpu_blocks,
+        strict=False,
+        delay_polls=3,
+    )
+    engine = Engine(c, endless_workload(), handler=handler)
+    engine.start()
+    wait_for(engine, lambda s: s.state == "stopped")
+    with pytest.raises(EngineStoppedError):
+        engine.pause().result(timeout=TIMEOUT)
+    assert engine.stop(timeout=TIMEOUT).state == "stopped"
+
+
+def test_two_threads_starting_an_engine_start_one_loop() -> None:
+    engine = endless()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            engine.start()
+        except RuntimeError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    try:
+        assert len(errors) == 7 and all("already started" in str(e) for e in errors)
+        wait_for(engine, lambda s: s.step >= 5)
+    finally:
+        assert engine.stop(timeout=TIMEOUT).state == "stopped"
+
+
+def test_a_stopped_engine_neither_starts_nor_steps() -> None:
+    engine = endless()
+    engine.stop(timeout=TIMEOUT)
+    with pytest.raises(EngineStoppedError, match="cannot start again"):
+        engine.start()
+    with pytest.raises(EngineStoppedError, match="takes no more steps"):
+        engine.step()
+    assert engine.snapshot().step == 0
+
+
+def test_step_by_hand_is_refused_while_the_thread_drives(engine: Engine) -> None:
+    engine.start()
+    with pytest.raises(RuntimeError, match=r"driven by another thread: step\(\) refused"):
+        engine.step()
+
+
+def test_an_observer_can_stop_a_started_engine() -> None:
+    # stop() joined its own thread: RuntimeError('cannot join current thread')
+    stopped: list[EngineSnapshot] = []
+
+    class StopAtThree(EngineObserver):
+        def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
+            if step == 3:
+                stopped.append(engine.stop())
+
+    engine = Engine(config(), endless_workload(), [StopAtThree()])
+    engine.start()
+    wait_for(engine, lambda s: s.state == "stopped")
+    assert len(stopped) == 1 and engine.snapshot().step == 3
+
+
+@pytest.mark.parametrize("max_steps", [0, -3, 2.5, "2", True])
+def test_run_refuses_a_step_count_that_is_not_one(max_steps: object) -> None:
+    engine = endless()
+    with pytest.raises(ConfigError, match="max_steps must be None or an int >= 1"):
+        engine.run(max_steps=max_steps)  # type: ignore[arg-type]
+    assert engine.state == "created"
