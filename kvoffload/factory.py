@@ -58,7 +58,12 @@ class OffloadingSpecFactory:
                 raise ConfigError(
                     f"cannot import spec_module_path {cfg.spec_module_path!r}: {e}"
                 ) from e
-            spec_cls = getattr(module, name, None)  # type: ignore[assignment]
+            try:
+                spec_cls = getattr(module, name, None)  # type: ignore[assignment]
+            except ImportError as e:  # a lazy attribute: kvoffload.vllm's needs vLLM
+                raise ConfigError(
+                    f"spec {name!r} of {cfg.spec_module_path!r} cannot be imported: {e}"
+                ) from e
             if spec_cls is None:
                 raise ConfigError(f"module {cfg.spec_module_path!r} has no spec named {name!r}")
         if not (isinstance(spec_cls, type) and issubclass(spec_cls, OffloadingSpec)):

@@ -33,17 +33,25 @@ logger = logging.getLogger(__name__)
 DEFAULT_SPEC_NAME = "CPUOffloadingSpec"
 
 
+#: the longest digit string a count is read from (a JSON config may hold
+#: strings; int() of thousands of digits is Python's own error)
+_MAX_DIGITS = 18
+
+
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-                value = int(value)
-            else:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    """An int > 0, or the ASCII digits of one (a JSON extra config's
+    ``"64"``; not ``"٦٤"``, which ``int()`` would take too)."""
+    if isinstance(value, str):
+        text = value.strip().removeprefix("+")
+        if text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS:
+            value = int(text)
+    if not is_int(value) or value <= 0:
+        shown = (
+            repr(value)
+            if not isinstance(value, str) or len(value) <= 40
+            else (f"a string of {len(value)} characters")
+        )
+        raise ConfigError(f"{name} must be a positive integer, got {shown}")
     return value
 
 
@@ -103,6 +111,10 @@ class OffloadingConfig:
         if ktc is None:
             raise ConfigError("vllm_config.kv_transfer_config is required for KV offloading")
         extra: Mapping[str, Any] = getattr(ktc, "kv_connector_extra_config", None) or {}
+        if not isinstance(extra, Mapping):
+            raise ConfigError(
+                f"kv_connector_extra_config must be a dict, got {type(extra).__name__}"
+            )
         cache_config = getattr(vllm_config, "cache_config", None)
         gpu_block_size = getattr(cache_config, "block_size", None)
         if gpu_block_size is None:
@@ -112,19 +124,30 @@ class OffloadingConfig:
                 "num_cpu_blocks must be set to a positive integer in kv_connector_extra_config"
             )
         events_cfg = getattr(vllm_config, "kv_events_config", None)
-        enable_events = bool(
-            events_cfg is not None and getattr(events_cfg, "enable_kv_cache_events", False)
-        )
+        enable_events = getattr(events_cfg, "enable_kv_cache_events", False)
+        if not isinstance(enable_events, bool):  # "false" is truthy: it turned events on
+            raise ConfigError(
+                "kv_events_config.enable_kv_cache_events must be True or False, "
+                f"got {enable_events!r}"
+            )
+        names = {
+            "eviction_policy": extra.get("eviction_policy", "lru"),
+            "spec_name": extra.get("spec_name", DEFAULT_SPEC_NAME),
+            "spec_module_path": extra.get("spec_module_path", ""),
+        }
+        for key, value in names.items():
+            if not isinstance(value, str):
+                raise ConfigError(f"{key} must be a string, got {value!r}")
         return cls(
             gpu_block_size=_positive_int("cache_config.block_size", gpu_block_size),
             num_cpu_blocks=_positive_int("num_cpu_blocks", extra["num_cpu_blocks"]),
             offloaded_block_size=_positive_int(
                 "block_size", extra.get("block_size", gpu_block_size)
             ),
-            eviction_policy=str(extra.get("eviction_policy", "lru")),
+            eviction_policy=names["eviction_policy"],
             enable_events=enable_events,
-            spec_name=str(extra.get("spec_name", DEFAULT_SPEC_NAME)),
-            spec_module_path=extra.get("spec_module_path"),
+            spec_name=names["spec_name"],
+            spec_module_path=names["spec_module_path"] or None,
         )
 
 
@@ -160,8 +183,30 @@ class CPUOffloadingSpec(OffloadingSpec):
     """Offload to CPU memory: a :class:`CPUBackend` manager and a
     :class:`~kvoffload.transfer.CpuGpuOffloadingHandler` for both directions."""
 
+    #: the keys of ``kv_connector_extra_config`` this spec reads (vLLM's)
+    EXTRA_CONFIG_KEYS = (
+        "spec_name",
+        "spec_module_path",
+        "num_cpu_blocks",
+        "block_size",
+        "eviction_policy",
+    )
+
     def __init__(self, vllm_config: OffloadingConfig | Any) -> None:
+        """:class:`ConfigError` for a key of a vLLM config's extra config it
+        does not read (a misspelt ``evicton_policy`` ran LRU, and
+        ``policy_modules`` was ignored)."""
         super().__init__(vllm_config)
+        if not isinstance(vllm_config, OffloadingConfig):
+            extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+            unknown = sorted(set(extra) - set(self.EXTRA_CONFIG_KEYS), key=str)
+            if unknown:
+                raise ConfigError(
+                    f"kv_connector_extra_config for {type(self).__name__}: unknown key "
+                    f"{unknown[0]!r} (valid keys: {', '.join(self.EXTRA_CONFIG_KEYS)}; "
+                    "policy_modules, admin_port and lookahead are keys of "
+                    "kvoffload.vllm.KVOffloadSpec)"
+                )
         self.num_cpu_blocks = self.config.num_cpu_blocks
         self.eviction_policy = self.config.eviction_policy
         self._manager: PolicyOffloadingManager | None = None

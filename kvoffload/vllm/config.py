@@ -8,6 +8,7 @@ together with what is allowed. No vLLM import here, so it is tested without it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from kvoffload.spec import OffloadingConfig, _positive_int
 __all__ = [
     "DEFAULT_LOOKAHEAD",
     "EXTRA_CONFIG_KEYS",
+    "MAX_LOOKAHEAD",
     "MAX_PORT",
     "SPEC_MODULE_PATH",
     "SPEC_NAME",
@@ -46,6 +48,9 @@ EXTRA_CONFIG_KEYS = (
 MAX_PORT = 65535
 #: waiting requests :class:`~kvoffload.vllm.HintingScheduler` hints by default
 DEFAULT_LOOKAHEAD = 64
+#: the most it may hint (``sys.maxsize``, what ``itertools.islice`` takes: a
+#: whole waiting queue)
+MAX_LOOKAHEAD = sys.maxsize
 
 
 def offloading_config(
@@ -60,7 +65,8 @@ def offloading_config(
     unknown ``eviction_policy`` (with the registered ones, those of the
     ``policy_modules`` it imports first included), an ``admin_port``
     that is not an integer from 0 to 65535 (read it with :func:`admin_port`), a
-    ``lookahead`` that is not a non-negative integer (:func:`lookahead`).
+    ``lookahead`` that is not an integer from 0 to :data:`MAX_LOOKAHEAD`
+    (:func:`lookahead`).
     """
     problems: list[str] = []
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
@@ -154,11 +160,12 @@ def lookahead(extra: Mapping[str, Any]) -> int:
     """The extra config's ``lookahead``: how many waiting requests
     :class:`~kvoffload.vllm.HintingScheduler` hints to the manager (0: none;
     :data:`DEFAULT_LOOKAHEAD` when absent). Raises
-    :class:`~kvoffload.errors.ConfigError` when it is not an integer >= 0."""
+    :class:`~kvoffload.errors.ConfigError` when it is not an integer from 0
+    to :data:`MAX_LOOKAHEAD` (10**30 passed, then failed every ``schedule()``)."""
     n = extra.get("lookahead", DEFAULT_LOOKAHEAD)
-    if not is_int(n) or n < 0:
+    if not is_int(n) or not 0 <= n <= MAX_LOOKAHEAD:
         raise ConfigError(
-            f"lookahead must be an integer >= 0 (waiting requests the HintingScheduler hints; "
-            f"0: none), got {n!r}"
+            f"lookahead must be an integer from 0 to {MAX_LOOKAHEAD} (waiting requests the "
+            f"HintingScheduler hints; 0: none), got {n!r}"
         )
     return n

@@ -48,8 +48,11 @@ class ReportingHandler(OffloadingHandler):
         src, dst = spec
         # accepted, so the media are GPU->CPU or CPU->GPU
         direction: Direction = "store" if src.medium() == "GPU" else "load"
-        gpu = src if direction == "store" else dst
-        self._jobs[job_id] = (direction, gpu.block_ids.tolist(), submitted)  # type: ignore[attr-defined]
+        ids = (src if direction == "store" else dst).block_ids  # type: ignore[attr-defined]
+        # vLLM's specs hold numpy arrays, a duck-typed one may hold a list
+        # (whose missing tolist() lost the job after its copy was made)
+        gpu_ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+        self._jobs[job_id] = (direction, gpu_ids, submitted)
         return True
 
     def get_finished(self) -> list[TransferResult]:

@@ -68,7 +68,8 @@ EXPORTS = {
     "kvoffload.policies.kvarc": ["GHOST_FACTOR", "KVARCPolicy"],
     "kvoffload.policies.lru": ["LRU", "LRUList", "LRUPolicy"],
     "kvoffload.replay": [
-        "BeladyResult", "ReplayResult", "ReplayTrace", "belady", "parse_capacity", "replay",
+        "BeladyResult", "ReplayError", "ReplayResult", "ReplayTrace", "belady", "parse_capacity",
+        "replay",
     ],
     "kvoffload.runtime": [
         "Command", "CommandResult", "Engine", "EngineConfig", "EngineObserver", "EngineSnapshot",
@@ -128,7 +129,8 @@ EXPORTS = {
     ],
     "kvoffload.vllm.admin": ["VLLMHostedManager", "serve_admin"],
     "kvoffload.vllm.config": [
-        "DEFAULT_LOOKAHEAD", "EXTRA_CONFIG_KEYS", "MAX_PORT", "SPEC_MODULE_PATH", "SPEC_NAME",
+        "DEFAULT_LOOKAHEAD", "EXTRA_CONFIG_KEYS", "MAX_LOOKAHEAD", "MAX_PORT", "SPEC_MODULE_PATH",
+        "SPEC_NAME",
         "admin_port", "lookahead", "offloading_config",
     ],
     "kvoffload.vllm.handler": ["ReportingHandler"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,7 @@ from kvoffload import (
     ConfigError,
     CPUOffloadingSpec,
     OffloadingConfig,
+    OffloadingSpecFactory,
     PolicyError,
     PolicyOffloadingManager,
 )
@@ -113,6 +115,56 @@ def test_offloading_config_from_vllm_style_config_events_off(events: bool | None
 def test_offloading_config_from_vllm_style_config_errors(config: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         OffloadingConfig.from_vllm_config(config)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        # each was taken: a string of digits not ASCII, one too long for int()
+        # (a traceback), a truthy "false" (events on), None read as 'None', an
+        # int path (AttributeError), a list for the dict (AttributeError)
+        (vllm_config({"num_cpu_blocks": "٦٤"}), r"num_cpu_blocks must be a positive integer"),
+        (vllm_config({"num_cpu_blocks": "9" * 5000}), r"got a string of 5000 characters"),
+        (vllm_config({"num_cpu_blocks": 8}, events="false"), r"enable_kv_cache_events must be"),  # type: ignore[arg-type]
+        (
+            vllm_config({"num_cpu_blocks": 8, "eviction_policy": None}),
+            r"eviction_policy must be a string, got None",
+        ),
+        (
+            vllm_config({"num_cpu_blocks": 8, "spec_module_path": 3}),
+            r"spec_module_path must be a string, got 3",
+        ),
+        (vllm_config(["num_cpu_blocks"]), r"kv_connector_extra_config must be a dict, got list"),  # type: ignore[arg-type]
+    ],
+    ids=["unicode-digits", "5000-digits", "events-str", "policy-none", "path-int", "extra-list"],
+)
+def test_a_vllm_style_config_takes_its_types_only(config: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        OffloadingConfig.from_vllm_config(config)
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [("evicton_policy", "valid keys: spec_name"), ("policy_modules", "KVOffloadSpec")],
+)
+def test_cpu_offloading_spec_refuses_a_key_it_does_not_read(key: str, hint: str) -> None:
+    # a misspelt key silently ran LRU; policy_modules (KVOffloadSpec's) was ignored
+    with pytest.raises(ConfigError, match=rf"unknown key '{key}' \(.*{hint}"):
+        CPUOffloadingSpec(vllm_config({"num_cpu_blocks": 8, key: "arc"}))
+
+
+def test_a_spec_that_needs_vllm_is_a_config_error_without_it() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    extra = {
+        "num_cpu_blocks": 8,
+        "spec_name": "KVOffloadSpec",
+        "spec_module_path": "kvoffload.vllm",
+    }
+    with pytest.raises(
+        ConfigError, match=r"spec 'KVOffloadSpec' of 'kvoffload.vllm' cannot be imported"
+    ):
+        OffloadingSpecFactory.create_spec(vllm_config(extra))
 
 
 def test_cpu_offloading_spec_builds_one_manager() -> None:

@@ -3,6 +3,7 @@ base class sees it, every problem named at once with what is allowed."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,11 @@ def test_offloading_config_defaults_follow_vllm() -> None:
         *[
             (
                 {"num_cpu_blocks": 8, "lookahead": bad},
-                "lookahead must be an integer >= 0 (waiting requests the HintingScheduler "
-                f"hints; 0: none), got {bad!r}",
+                f"lookahead must be an integer from 0 to {sys.maxsize} (waiting requests the "
+                f"HintingScheduler hints; 0: none), got {bad!r}",
             )
-            for bad in (-1, 8.0, "64", False, None)
+            # 10**30 passed and then failed every schedule() (islice's limit)
+            for bad in (-1, 8.0, "64", False, None, sys.maxsize + 1, 10**30)
         ],
         *[
             (

@@ -80,6 +80,27 @@ def test_reporting_handler_round_trip_reports_each_job(
     assert all(r.finished_ns >= r.submitted_ns for r in records)
 
 
+class ListGPUSpec(VLLMShapedGPUSpec):
+    """A duck-typed spec whose ``block_ids`` is a plain list (the docs accept
+    any spec with ``medium()`` and ``block_ids``)."""
+
+    def __init__(self, block_ids: list[int]) -> None:
+        self.block_ids = block_ids  # type: ignore[assignment]
+
+
+def test_reporting_handler_takes_block_ids_in_a_list(records: list[TransferRecord]) -> None:
+    # the copy was made, then tolist() raised: the job was lost, and the next
+    # poll's KeyError lost every other finished job with it
+    h = _handler()
+    assert h.transfer_async(1, (ListGPUSpec([2, 3]), CPULoadStoreSpec([1])))  # type: ignore[arg-type]
+    assert h.transfer_async(2, (CPULoadStoreSpec([1]), ListGPUSpec([6, 7])))  # type: ignore[arg-type]
+    assert sorted(h.get_finished()) == [(1, True), (2, True)]
+    assert sorted((r.job_id, r.direction, r.blocks) for r in records) == [
+        (1, "store", 2),
+        (2, "load", 2),
+    ]
+
+
 def test_reporting_handler_refused_job_is_not_reported(records: list[TransferRecord]) -> None:
     h = _handler()
     # 3 GPU blocks cannot fill one CPU block of 2 sub-blocks
