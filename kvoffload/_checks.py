@@ -1,13 +1,14 @@
 """The type checks the library's arguments share: counts are ints and rates
 are numbers, but ``bool`` is an ``int`` subclass and ``True`` is neither
-(``CPUBackend(True, True)`` was one block of one token)."""
+(``CPUBackend(True, True)`` was one block of one token); and how a message
+quotes a bad value."""
 
 from __future__ import annotations
 
 import math
 from typing import TypeGuard
 
-__all__ = ["is_finite_number", "is_int", "is_number"]
+__all__ = ["abridged", "is_finite_number", "is_int", "is_number"]
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -29,3 +30,11 @@ def is_finite_number(value: object) -> TypeGuard[int | float]:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+def abridged(text: str, keep: int = 40) -> str:
+    """``text`` quoted, its middle cut out when longer than ``keep`` characters
+    (a 5000-digit argument is not repeated in full)."""
+    if len(text) <= keep:
+        return repr(text)
+    return f"{text[: keep // 2]!r}...{text[-keep // 2 :]!r} ({len(text)} characters)"

@@ -2,35 +2,48 @@
 
 ``kvoffload replay`` compares eviction policies on KV traces offline;
 ``kvoffload serve`` starts the admin service (the ``app`` package, installed
-with the ``app`` extra). Usage errors print one line on stderr and exit 2.
+with the ``app`` extra). Every error prints one line on stderr, never a
+traceback; the exit status says which kind (see :func:`main`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from kvoffload._checks import abridged
 from kvoffload._version import __version__
 from kvoffload.errors import KVOffloadError
 from kvoffload.runtime.trace import DEFAULT_TRACE_BLOCK_SIZE
 from kvoffload.table import IMPLEMENTATION
 
 if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
     from kvoffload.replay import BeladyResult, ReplayResult, ReplayTrace
 
 __all__ = ["OneLineParser", "main"]
 
+#: a policy raised during the replay; the other runs' results were printed
+EXIT_POLICY_FAILED = 1
 EXIT_USAGE = 2
+#: standard output is closed or cannot be written (sysexits' EX_IOERR)
+EXIT_OUTPUT = 74
 #: the statuses a shell gives a command killed by SIGINT and SIGPIPE
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 DEFAULT_CAPACITIES = "1%,5%,10%,25%"
+#: the largest value of an integer option (int64's)
+MAX_INT_OPTION = 2**63 - 1
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -39,9 +52,37 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        """argparse's, but what ``--help`` and ``--version`` fail to write on
+        stdout is not dropped (``--help > /dev/full`` printed nothing and
+        exited 0): one line and status 74, or 141 when the reader went away."""
+        if file is None or file is not sys.stdout:
+            super()._print_message(message, file)
+            return
+        try:
+            _write_stdout(lambda out: out.write(message))
+        except _OutputError as exc:
+            self.exit(EXIT_OUTPUT, f"{self.prog}: error: {exc}\n")
+        except BrokenPipeError:
+            _discard_stdout()
+            self.exit(EXIT_BROKEN_PIPE)
+
 
 class UsageError(Exception):
     """A bad argument found after parsing (capacity, policy, trace file)."""
+
+
+class _OutputError(Exception):
+    """Standard output is closed or cannot be written (a full disk, ...)."""
+
+
+class _RunFailures(Exception):
+    """Policies that raised during the replay, one message each (the other
+    runs' results were printed)."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        super().__init__(*messages)
+        self.messages = tuple(messages)
 
 
 def _build_parser() -> OneLineParser:
@@ -67,20 +108,29 @@ def _build_parser() -> OneLineParser:
             "and compare with Belady's optimal prefix hit ratio at each capacity."
         ),
     )
-    replay.add_argument("traces", nargs="+", metavar="TRACE", help="Mooncake JSONL trace file")
+    replay.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="Mooncake JSONL trace file (a FIFO or /dev/stdin is read as a stream)",
+    )
+    # list options add up when repeated, as --import does
     replay.add_argument(
         "--policy",
+        action="append",
         default=None,
         metavar="P[,P...]",
-        help="comma-separated eviction policies (default: all available)",
+        help="comma-separated eviction policies, repeatable (default: all available)",
     )
     replay.add_argument(
         "--capacity",
-        default=DEFAULT_CAPACITIES,
+        action="append",
+        default=None,
         metavar="C[,C...]",
         help=(
-            "comma-separated capacities: a block count ('1000') or a percentage of the "
-            f"trace's unique blocks ('5%%'); default {DEFAULT_CAPACITIES.replace('%', '%%')}"
+            "comma-separated capacities, repeatable: a block count ('1000') or a percentage "
+            "of the trace's unique blocks ('5%%'); default "
+            f"{DEFAULT_CAPACITIES.replace('%', '%%')}"
         ),
     )
     replay.add_argument(
@@ -140,32 +190,51 @@ _SERVE_DESCRIPTION = (
 )
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _whole_number(text: str, minimum: int) -> int | None:
+    """``text`` as an int from ``minimum`` to :data:`MAX_INT_OPTION` if it is
+    plain ASCII digits (not ``+3``, ``1_000``, ``٣`` or `` 3``, which
+    ``int()`` takes), else ``None``."""
+    if not _DIGITS.fullmatch(text):
+        return None
+    digits = text.lstrip("0") or "0"
+    # the length first: int() refuses more than 4300 digits
+    if len(digits) > len(str(MAX_INT_OPTION)):
+        return None
+    value = int(digits)
+    return value if minimum <= value <= MAX_INT_OPTION else None
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _lookahead(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
+    value = _whole_number(text, 1)
+    if value is None:
         raise argparse.ArgumentTypeError(
-            f"expected a number of requests to hint ahead, 0 or more, got {text!r}"
+            f"expected a positive integer in plain digits, 1 to {MAX_INT_OPTION}, got "
+            f"{abridged(text)}"
         )
     return value
 
 
-def _split(text: str, what: str) -> list[str]:
-    items = [item.strip() for item in text.split(",")]
-    if not all(items):
-        raise UsageError(f"empty item in {what} list {text!r}")
+def _lookahead(text: str) -> int:
+    value = _whole_number(text, 0)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of requests to hint ahead in plain digits, 0 to "
+            f"{MAX_INT_OPTION}, got {abridged(text)}"
+        )
+    return value
+
+
+def _split(texts: Sequence[str], what: str) -> list[str]:
+    """The items of comma-separated lists, repeated options' lists in order."""
+    items = []
+    for text in texts:
+        listed = [item.strip() for item in text.split(",")]
+        if not all(listed):
+            raise UsageError(f"empty item in {what} list {text!r}")
+        items += listed
     return items
 
 
@@ -187,48 +256,71 @@ class _Row:
         return 100.0 * self.result.capacity / self.unique_blocks if self.unique_blocks else 0.0
 
 
+#: a trace prepared for replay, its unique blocks and its capacities in blocks
+_Trace = tuple["ReplayTrace", int, list[int]]
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from kvoffload.errors import PolicyError
-    from kvoffload.policies import available_policies, import_policy_modules
-    from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
-    from kvoffload.runtime.trace import load_mooncake_trace
+    from kvoffload.policies import import_policy_modules
 
+    if sys.stdout is None:  # started with stdout closed (`>&-`): no result could be seen
+        raise _OutputError(_STDOUT_CLOSED)
     try:
         import_policy_modules(args.imports)
     except PolicyError as exc:
         raise UsageError(str(exc)) from exc
-    valid = available_policies()
-    policies = list(valid) if args.policy is None else _split(args.policy.lower(), "policy")
-    unknown = [p for p in policies if p not in valid]
-    if unknown:
-        raise UsageError(f"unknown policy {unknown[0]!r}; valid policies: {', '.join(valid)}")
-    capacity_specs = _split(args.capacity, "capacity")
+    policies = _policies(args.policy)
+    capacity_specs = _split(args.capacity or [DEFAULT_CAPACITIES], "capacity")
     for path in args.traces:  # all of them, before loading any
-        if Path(path).is_dir():
-            raise UsageError(f"trace path is a directory, not a file: {path}")
-        if not Path(path).is_file():
-            raise UsageError(f"trace file not found: {path}")
-
+        _check_trace_path(path)
     # Load and check everything before the long part starts.
-    traces: list[tuple[ReplayTrace, int, list[int]]] = []
-    for path in args.traces:
-        workload = load_mooncake_trace(
-            path, trace_block_size=args.trace_block_size, limit=args.limit
-        )
-        trace = ReplayTrace.from_requests(
-            workload, name=workload.name, trace_block_size=args.trace_block_size
-        )
+    traces = _load_traces(args.traces, capacity_specs, args.trace_block_size, args.limit)
+    _build_policies(
+        policies, sorted({c for _, _, caps in traces for c in caps}), args.trace_block_size
+    )
+    rows, failures = _replay_all(traces, policies, args.lookahead)
+    if args.json:
+        _write_stdout(lambda out: _print_json(rows, traces, out))
+    else:
+        _write_stdout(lambda out: _print_table(rows, out))
+    if failures:
+        raise _RunFailures(failures)
+    return 0
+
+
+def _load_traces(
+    paths: Sequence[str], capacity_specs: Sequence[str], trace_block_size: int, limit: int | None
+) -> list[_Trace]:
+    """Each trace loaded, named by its label (:func:`_labels`), with its
+    capacities; :class:`UsageError` for one with no block."""
+    from kvoffload.replay import ReplayTrace, parse_capacity
+    from kvoffload.runtime.trace import load_mooncake_trace
+
+    traces = []
+    for path, label in zip(paths, _labels(paths), strict=True):
+        workload = load_mooncake_trace(path, trace_block_size=trace_block_size, limit=limit)
+        trace = ReplayTrace.from_requests(workload, name=label, trace_block_size=trace_block_size)
         unique = trace.unique_blocks
         if not unique:
             raise UsageError(f"{path}: no blocks to replay (every request's hash_ids is empty)")
-        capacities = [parse_capacity(spec, unique) for spec in capacity_specs]
-        traces.append((trace, unique, capacities))
+        traces.append((trace, unique, [parse_capacity(spec, unique) for spec in capacity_specs]))
+    return traces
+
+
+def _replay_all(
+    traces: Sequence[_Trace], policies: Sequence[str], lookahead: int
+) -> tuple[list[_Row], list[str]]:
+    """Every (trace, capacity, policy) run, in that order, and one message per
+    policy that raised: it is not run again, the others go on."""
+    from kvoffload.replay import ReplayError, belady, replay
 
     # Belady counts as one more pass over the requests per capacity, and with
     # hints (policies may decline stores) Belady with bypass as another
-    bounds = 2 if args.lookahead else 1
+    bounds = 2 if lookahead else 1
     total = sum(t.requests * len(caps) * (len(policies) + bounds) for t, _, caps in traces)
     rows: list[_Row] = []
+    failures: dict[str, str] = {}  # policy -> why it stopped
     # the bar goes to stderr, so stdout stays clean for --json
     with _ProgressBar(total, enabled=sys.stderr.isatty()) as advance:
         for trace, unique, capacities in traces:
@@ -236,23 +328,100 @@ def _cmd_replay(args: argparse.Namespace) -> int:
                 bound = belady(trace.block_hashes, capacity, progress=advance)
                 bypass = (
                     belady(trace.block_hashes, capacity, bypass=True, progress=advance)
-                    if args.lookahead
+                    if lookahead
                     else None
                 )
                 for policy in policies:
-                    result = replay(
-                        trace,
-                        policy=policy,
-                        capacity=capacity,
-                        progress=advance,
-                        lookahead=args.lookahead,
-                    )
+                    if policy in failures:
+                        continue
+                    try:
+                        result = replay(
+                            trace,
+                            policy=policy,
+                            capacity=capacity,
+                            progress=advance,
+                            lookahead=lookahead,
+                        )
+                    except ReplayError as exc:  # the policy's own code raised
+                        failures[policy] = str(exc)
+                        continue
                     rows.append(_Row(result, bound, unique, bypass))
-    if args.json:
-        _print_json(rows, traces, sys.stdout)
-    else:
-        _print_table(rows, sys.stdout)
-    return 0
+    return rows, list(failures.values())
+
+
+def _policies(specs: Sequence[str] | None) -> list[str]:
+    """The policies ``--policy`` names (every registered one without it), each
+    once; :class:`UsageError` for one unknown, named twice, or whose
+    registered target does not import as a policy class."""
+    from kvoffload.errors import PolicyError
+    from kvoffload.policies import available_policies, policy_class
+
+    valid = available_policies()
+    policies = list(valid) if specs is None else _split([spec.lower() for spec in specs], "policy")
+    for n, policy in enumerate(policies):
+        if policy not in valid:
+            raise UsageError(f"unknown policy {policy!r}; valid policies: {', '.join(valid)}")
+        if policy in policies[:n]:
+            raise UsageError(f"policy {policy!r} is named twice; name each policy once")
+        try:
+            policy_class(policy)
+        except PolicyError as exc:
+            raise UsageError(str(exc)) from exc
+    return policies
+
+
+def _build_policies(policies: Sequence[str], capacities: Sequence[int], block_size: int) -> None:
+    """Build each policy's manager at each capacity once, as the runs will,
+    before anything is replayed: :class:`UsageError` naming the first policy
+    whose constructor raises (each run builds its own again)."""
+    from kvoffload.backends.cpu import CPUBackend
+    from kvoffload.manager import PolicyOffloadingManager
+
+    for policy in policies:
+        for capacity in capacities:
+            try:
+                PolicyOffloadingManager(CPUBackend(block_size, capacity), policy=policy)
+            except Exception as exc:  # any failure of a policy's code, one's own included
+                raise UsageError(
+                    f"policy {policy!r} cannot be built for {capacity} blocks: {_describe(exc)}"
+                ) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, or ``Type`` alone for an exception with no message."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _check_trace_path(path: str) -> None:
+    """:class:`UsageError` unless ``path`` names something to read a trace from:
+    a file, a FIFO or a device such as ``/dev/stdin`` (not a directory)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UsageError(f"trace file not found: {path}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read trace file {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"trace path is a directory, not a file: {path}")
+
+
+def _labels(paths: Sequence[str]) -> list[str]:
+    """Each trace's name in the output: the shortest tail of its path (in
+    whole components) that no other path ends with, so ``a/t.jsonl`` and
+    ``b/t.jsonl`` stay apart and a lone ``t.jsonl`` is just that.
+    :class:`UsageError` for a path given twice."""
+    parts = [Path(path).parts for path in paths]
+    labels = []
+    for i, mine in enumerate(parts):
+        others = parts[:i] + parts[i + 1 :]
+        if mine in others:
+            raise UsageError(f"trace {paths[i]} is given twice; give each trace once")
+        k = next(
+            (k for k in range(1, len(mine)) if all(q[-k:] != mine[-k:] for q in others)),
+            len(mine),
+        )
+        labels.append(str(Path(*mine[-k:])))
+    return labels
 
 
 class _ProgressBar:
@@ -288,9 +457,25 @@ class _ProgressBar:
             self.bar.close()
 
 
-def _print_json(
-    rows: Sequence[_Row], traces: Sequence[tuple[ReplayTrace, int, list[int]]], out: TextIO
-) -> None:
+_STDOUT_CLOSED = "standard output is closed; redirect it to a file (> FILE) or to /dev/null"
+
+
+def _write_stdout(write: Callable[[TextIO], object]) -> None:
+    """``write(sys.stdout)``, then flush it here: an error at exit would be
+    a traceback. :class:`_OutputError` when stdout cannot be written (a
+    :class:`BrokenPipeError` is let through: the reader went away)."""
+    if sys.stdout is None:
+        raise _OutputError(_STDOUT_CLOSED)
+    try:
+        write(sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+
+def _print_json(rows: Sequence[_Row], traces: Sequence[_Trace], out: TextIO) -> None:
     document = {
         "kvoffload_version": __version__,
         "block_table": IMPLEMENTATION,
@@ -409,7 +594,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvoffload`` command; returns (and, as a script, exits with)
-    its status: 0 ok, 2 usage or input error."""
+    its status: 0 ok, 1 a policy raised during a replay (the other runs'
+    results printed), 2 usage or input error, 74 standard output closed or
+    not writable, 130 interrupted, 141 its reader went away."""
     parser = _build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "serve":
@@ -420,21 +607,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"unrecognized arguments: {' '.join(extra)}"
         )
     handler: Callable[[argparse.Namespace], int] = args.handler
-    prog = f"{parser.prog} {args.command}"
+    return _report(f"{parser.prog} {args.command}", lambda: handler(args))
+
+
+def _report(prog: str, run: Callable[[], int]) -> int:
+    """``run()``'s status, its errors turned into one line each on stderr (the
+    messages name file/line/field where that applies) and a status."""
     try:
-        return handler(args)
+        return run()
+    except _RunFailures as exc:
+        for message in exc.messages:
+            _error(prog, message)
+        return EXIT_POLICY_FAILED
     except (UsageError, KVOffloadError) as exc:
-        # one line: the messages name file/line/field where that applies
-        sys.stderr.write(f"{prog}: error: {exc}\n")
+        _error(prog, str(exc))
         return EXIT_USAGE
+    except _OutputError as exc:
+        _error(prog, str(exc))
+        _discard_stdout()
+        return EXIT_OUTPUT
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
         sys.stderr.write(f"\n{prog}: interrupted\n")
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # the reader went away (`| head`): stop quietly, as other tools do;
-        # stdout to /dev/null so that flushing it at exit raises nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # the reader went away (`| head`): stop quietly, as other tools do
+        _discard_stdout()
         return EXIT_BROKEN_PIPE
+
+
+def _error(prog: str, message: str) -> None:
+    """``prog: error: message`` on one line of stderr (a message of several
+    lines, a policy's own exception say, is joined)."""
+    sys.stderr.write(f"{prog}: error: {' '.join(message.splitlines())}\n")
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is left of it at exit
+    raises nothing more."""
+    # None (closed at start), or not a real file (a test's capture): nothing to point
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ the future: it evicts the block whose next use is furthest away. With
 ``bypass=True`` it may also leave a missed block unstored (when it is used
 after every block it could evict): the bound for a policy that declines
 stores, as ``hkvarc`` does with hints.
+
+A manager call that raises during a replay (a policy of one's own that
+breaks, or breaks its contract) is re-raised as :class:`ReplayError`, which
+names the policy, the trace and the request.
 """
 
 from __future__ import annotations
@@ -35,17 +39,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from typing import TypeVar
 
-from kvoffload._checks import is_int
+from kvoffload._checks import abridged, is_int
 from kvoffload.abstract import BlockHash, OffloadingManager, SupportsHints
 from kvoffload.backends.cpu import CPUBackend
-from kvoffload.errors import ConfigError
-from kvoffload.runtime.workloads import Request, engine_block_hashes
+from kvoffload.errors import ConfigError, KVOffloadError
+from kvoffload.runtime.workloads import Request, Workload, engine_block_hashes
 
 __all__ = [
     "BeladyResult",
+    "ReplayError",
     "ReplayResult",
     "ReplayTrace",
     "belady",
@@ -80,7 +86,20 @@ class ReplayTrace:
         cls, requests: Iterable[Request], *, name: str, trace_block_size: int
     ) -> ReplayTrace:
         """Hash each request's block ids at the trace block size (see
-        :func:`~kvoffload.runtime.workloads.engine_block_hashes`)."""
+        :func:`~kvoffload.runtime.workloads.engine_block_hashes`).
+
+        Raises :class:`ConfigError` for a :class:`Workload` that does not say
+        how many requests it has (``len_hint`` is ``None``: endless, as
+        ``SyntheticConfig(num_requests=None)`` and ``loop()`` are), which a
+        replay would read forever.
+        """
+        if isinstance(requests, Workload) and requests.len_hint is None:
+            raise ConfigError(
+                f"cannot replay this {type(requests).__name__}: its len_hint is None (endless, "
+                "or of no known length), so the replay could read forever; give it a number "
+                "of requests (SyntheticConfig(num_requests=N)) or pass its first N requests "
+                "(itertools.islice(workload, N))"
+            )
         hashes = tuple(
             tuple(
                 engine_block_hashes(
@@ -108,6 +127,10 @@ class ReplayTrace:
 
 # --------------------------------------------------------------------------- capacity
 
+#: the largest capacity :func:`parse_capacity` gives: block ids are int64
+#: (a spec's ``block_ids``), so no backend holds more blocks
+_MAX_CAPACITY = 2**63 - 1
+
 _BLOCKS = re.compile(r"[0-9]+")
 _PERCENT = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
@@ -116,40 +139,69 @@ def parse_capacity(spec: str, unique_blocks: int) -> int:
     """Capacity in blocks from ``"1000"`` (blocks) or ``"5%"`` (floor of that
     share of ``unique_blocks``, the trace's distinct blocks).
 
-    Raises :class:`ConfigError` for zero, negative, above 100%, a percentage
-    that rounds down to no block, or anything else that is not one of the
-    two forms.
+    Raises :class:`ConfigError` for zero, negative, above 100% or above
+    2**63 - 1 blocks (block ids are int64), a percentage that rounds down to
+    no block, or anything else that is not one of the two forms (ASCII
+    digits only, as many as given: ``int()``'s 4300-digit limit does not
+    apply).
     """
     text = spec.strip()
+    quoted = abridged(spec)
     if text.startswith("-"):
-        raise ConfigError(f"capacity {spec!r} must be positive")
+        raise ConfigError(f"capacity {quoted} must be positive")
     if text.endswith("%"):
         number = text[:-1].strip()
         if not _PERCENT.fullmatch(number):
-            raise ConfigError(f"capacity {spec!r} is not a percentage like '5%' or '2.5%'")
-        percent = Fraction(number)
+            raise ConfigError(f"capacity {quoted} is not a percentage like '5%' or '2.5%'")
+        # through Decimal: Fraction(str) stops at int()'s 4300 digits
+        percent = Fraction(Decimal(number))
         if percent <= 0:
-            raise ConfigError(f"capacity {spec!r} must be more than 0%")
+            raise ConfigError(f"capacity {quoted} must be more than 0%")
         if percent > 100:
-            raise ConfigError(f"capacity {spec!r} must be at most 100%")
+            raise ConfigError(f"capacity {quoted} must be at most 100%")
         # Fraction keeps "5% of 182790" exact: 9139, not 9139.499999
         blocks = math.floor(percent * unique_blocks / 100)
         if blocks < 1:
             raise ConfigError(
-                f"capacity {spec!r} of {unique_blocks} unique blocks is less than one block"
+                f"capacity {quoted} of {unique_blocks} unique blocks is less than one block"
             )
         return blocks
     if not _BLOCKS.fullmatch(text):
         raise ConfigError(
-            f"capacity {spec!r} is neither a block count like '1000' nor a percentage like '5%'"
+            f"capacity {quoted} is neither a block count like '1000' nor a percentage like '5%'"
         )
-    blocks = int(text)
-    if blocks < 1:
-        raise ConfigError(f"capacity {spec!r} must be at least 1 block")
-    return blocks
+    digits = text.lstrip("0")
+    if not digits:
+        raise ConfigError(f"capacity {quoted} must be at least 1 block")
+    # the length first: int() refuses more than 4300 digits
+    if len(digits) > len(str(_MAX_CAPACITY)) or int(digits) > _MAX_CAPACITY:
+        raise ConfigError(f"capacity {quoted} must be at most {_MAX_CAPACITY} blocks (2**63 - 1)")
+    return int(digits)
 
 
 # --------------------------------------------------------------------------- replay
+
+
+class ReplayError(KVOffloadError, RuntimeError):
+    """A manager call raised while :func:`replay` served a request: the
+    policy's own code, or the manager refusing what the policy did
+    (:class:`~kvoffload.errors.PolicyContractError`). The exception raised
+    is the ``__cause__``; the message names the policy, the trace, the
+    capacity and the request (its 0-based index in the trace, as a trace's
+    request ids), then the exception's type and message."""
+
+    def __init__(
+        self, *, policy: str, trace: str, capacity: int, request: int, error: Exception
+    ) -> None:
+        self.policy = policy
+        self.trace = trace
+        self.capacity = capacity
+        self.request = request
+        described = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        super().__init__(
+            f"policy {policy!r} failed on trace {trace} (capacity {capacity} blocks) at request "
+            f"{request}: {described}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +257,13 @@ def replay(
     (:class:`~kvoffload.abstract.SupportsHints`). ``progress(n)`` is told
     every few hundred requests how many were done since its last call
     (outside the timed section).
+
+    Raises :class:`ConfigError` for a ``capacity`` that is not a whole
+    number of blocks >= 1 or a bad ``lookahead``, and :class:`ReplayError`
+    when a manager call raises while a request is served.
     """
-    if capacity < 1:
-        raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    if not is_int(capacity) or capacity < 1:
+        raise ConfigError(f"capacity must be a whole number of blocks >= 1, got {capacity!r}")
     if type(lookahead) is not int or lookahead < 0:
         raise ConfigError(f"lookahead must be a whole number of requests >= 0, got {lookahead!r}")
     if manager is None:
@@ -244,16 +300,21 @@ def replay(
         # a list, so the manager need not copy an iterable it walks twice
         request = list(hashes)
         start = clock()
-        if window:
-            if i + lookahead < len(requests):
-                window.append(hint(requests[i + lookahead]))
-            unhint(window.popleft())  # request i is served now
-        touch(request)
-        hit = lookup(request)
-        missing = request[hit:]
-        stored = prepare_store(missing)
-        if stored is not None:
-            complete_store(stored.block_hashes_to_store)
+        try:  # free in 3.11 until something raises
+            if window:
+                if i + lookahead < len(requests):
+                    window.append(hint(requests[i + lookahead]))
+                unhint(window.popleft())  # request i is served now
+            touch(request)
+            hit = lookup(request)
+            missing = request[hit:]
+            stored = prepare_store(missing)
+            if stored is not None:
+                complete_store(stored.block_hashes_to_store)
+        except Exception as exc:  # any failure of a policy's code, one's own included
+            raise ReplayError(
+                policy=policy, trace=trace.name, capacity=capacity, request=i, error=exc
+            ) from exc
         elapsed += clock() - start
 
         accesses += n

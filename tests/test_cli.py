@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -24,8 +27,12 @@ CONVERSATION = str(TRACES / "mooncake_conversation_trace.jsonl")
 SYNTHETIC = str(TRACES / "mooncake_synthetic_trace.jsonl")
 
 
-def kvoffload(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a separate process, as a user would."""
+def kvoffload(
+    *args: str, path: Path | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a separate process, as a user would (with ``path`` on
+    its PYTHONPATH, ``stdin`` as its input)."""
+    env = None if path is None else {**os.environ, "PYTHONPATH": str(path)}
     return subprocess.run(
         [sys.executable, "-m", "kvoffload.cli", *args],
         capture_output=True,
@@ -33,6 +40,8 @@ def kvoffload(*args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         timeout=120,
         check=False,
+        env=env,
+        input=stdin,
     )
 
 
@@ -182,6 +191,36 @@ def test_cli_errors_exit_2_with_one_line() -> None:
             f"unknown policy 'lfu'; valid policies: {', '.join(available_policies())}",
         ),
         (["replay", SYNTHETIC, "--limit", "0"], "argument --limit: expected a positive integer"),
+        # int() takes these; only plain ASCII digits are a count
+        (["replay", SYNTHETIC, "--limit", "+5"], "argument --limit: expected a positive integer"),
+        (
+            ["replay", SYNTHETIC, "--lookahead", "+3"],
+            "argument --lookahead: expected a number of requests to hint ahead in plain digits, "
+            "0 to 9223372036854775807, got '+3'",
+        ),
+        (["replay", SYNTHETIC, "--lookahead", "1_000"], "in plain digits, 0 to"),
+        (["replay", SYNTHETIC, "--lookahead", "\uff13"], "in plain digits, 0 to"),  # fullwidth 3
+        (["replay", SYNTHETIC, "--lookahead", "\u0663"], "in plain digits, 0 to"),  # Arabic 3
+        (["replay", SYNTHETIC, "--lookahead", " 3"], "in plain digits, 0 to"),
+        (["replay", SYNTHETIC, "--lookahead", "9223372036854775808"], "in plain digits, 0 to"),
+        # once a traceback: ValueError (int()'s 4300 digits), struct.error (past 2**64)
+        (["replay", SYNTHETIC, "--capacity", "1" * 5000], "(5000 characters) must be at most"),
+        (
+            ["replay", SYNTHETIC, "--capacity", "9223372036854775808"],
+            "capacity '9223372036854775808' must be at most 9223372036854775807 blocks",
+        ),
+        (["replay", SYNTHETIC, "--capacity", "0." + "0" * 5000 + "1%"], "less than one block"),
+        (
+            ["replay", SYNTHETIC, "--trace-block-size", "99999999999999999999"],
+            "argument --trace-block-size: expected a positive integer in plain digits, "
+            "1 to 9223372036854775807, got '99999999999999999999'",
+        ),
+        (["replay", SYNTHETIC, "--trace-block-size", "9" * 5000], "(5000 characters)"),
+        (
+            ["replay", SYNTHETIC, "--policy", "lru,arc", "--policy", "LRU"],
+            "policy 'lru' is named twice; name each policy once",
+        ),
+        (["replay", SYNTHETIC, SYNTHETIC], f"trace {SYNTHETIC} is given twice"),
         (
             ["replay", SYNTHETIC, "--import", "no_such_module_xyz"],
             "cannot import 'no_such_module_xyz': ModuleNotFoundError",
@@ -189,8 +228,8 @@ def test_cli_errors_exit_2_with_one_line() -> None:
         (["replay", SYNTHETIC, "--trace-block-size", "x"], "--trace-block-size"),
         (
             ["replay", SYNTHETIC, "--lookahead", "-8"],
-            "argument --lookahead: expected a number of requests to hint ahead, 0 or more, "
-            "got '-8'",
+            "argument --lookahead: expected a number of requests to hint ahead in plain digits, "
+            "0 to 9223372036854775807, got '-8'",
         ),
         (["replay", SYNTHETIC, "--lookahead", "many"], "argument --lookahead: expected"),
         (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
@@ -324,3 +363,244 @@ def test_cli_serve_hands_its_arguments_to_the_service(
     status, _, _ = run_main(["serve", "--port", "9000", "--help"], capsys)
     assert status == 3
     assert seen == [["--port", "9000", "--help"]]  # the service parses its own flags
+
+
+# --------------------------------------------------------------------------- policies of one's own
+
+POLICIES = """
+from enum import IntEnum
+
+from kvoffload.policies import EvictionPolicy, register_policy
+
+
+class L(IntEnum):
+    A = 0
+
+
+class Works(EvictionPolicy):
+    name = "works"
+    lists = L
+
+    def insert(self, hs, handles):
+        self.table.insert(hs, handles, L.A)
+
+    def evict(self, n, protected):
+        return self.evict_from(L.A, n, protected)
+
+
+class Explodes(Works):
+    def evict(self, n, protected):
+        raise RuntimeError("evict\\nexploded")  # one line on stderr all the same
+
+
+class Unbuildable(Works):
+    def __init__(self):
+        pass
+
+
+class NotAPolicy:
+    pass
+
+
+register_policy("explodes", f"{__name__}:Explodes")
+register_policy("unbuildable", f"{__name__}:Unbuildable")
+register_policy("notapolicy", f"{__name__}:NotAPolicy")
+"""
+
+
+@pytest.fixture
+def own_policies(tmp_path: Path) -> Path:
+    """A folder holding ``own_policies.py``, which registers broken policies."""
+    (tmp_path / "own_policies.py").write_text(POLICIES)
+    return tmp_path
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_cli_a_policy_that_raises_is_named_and_the_others_still_print(
+    own_policies: Path, json_output: bool
+) -> None:
+    # once a traceback, and the runs already done lost
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "lru,explodes,arc",
+        "--capacity", "10,20", "--limit", "300", *(["--json"] if json_output else []),
+        path=own_policies,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert re.fullmatch(
+        r"kvoffload replay: error: policy 'explodes' failed on trace "
+        r"mooncake_synthetic_trace.jsonl \(capacity 10 blocks\) at request \d+: "
+        r"RuntimeError: evict exploded\n",
+        done.stderr,
+    ), done.stderr
+    # the others ran at every capacity; the broken one is not run again
+    expected = [("lru", 10), ("arc", 10), ("lru", 20), ("arc", 20)]
+    if json_output:
+        runs = json.loads(done.stdout)["runs"]
+        assert [(r["policy"], r["capacity_blocks"]) for r in runs] == expected
+    else:
+        rows = [line.split() for line in done.stdout.splitlines()[1:]]
+        assert [(r[1], int(r[2])) for r in rows] == expected
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (
+            "unbuildable",
+            "policy 'unbuildable' cannot be built for 10 blocks: TypeError: "
+            "Unbuildable.__init__() takes 1 positional argument but 3 were given",
+        ),
+        (
+            "notapolicy",
+            "eviction policy 'notapolicy' is registered as 'own_policies:NotAPolicy', which is "
+            "not an EvictionPolicy subclass",
+        ),
+    ],
+)
+def test_cli_a_policy_that_cannot_be_built_is_refused_before_any_replay(
+    own_policies: Path, policy: str, expected: str
+) -> None:
+    # once a traceback after the other policies' runs, whose results were lost
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", f"lru,{policy}",
+        "--capacity", "10", "--limit", "100", path=own_policies,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"kvoffload replay: error: {expected}\n"
+
+
+# --------------------------------------------------------------------------- output
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["replay", SYNTHETIC, "--policy", "lru", "--capacity", "10", "--limit", "50"],
+        ["replay", SYNTHETIC, "--policy", "lru", "--capacity", "10", "--limit", "50", "--json"],
+        ["replay", "--help"],
+        ["--version"],
+    ],
+)
+def test_cli_output_that_cannot_be_written_is_one_line_and_status_74(args: list[str]) -> None:
+    # once an OSError traceback (the replay), or nothing and status 0 (--help)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "kvoffload.cli", *args],
+            stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120, check=False,
+        )  # fmt: skip
+    assert done.returncode == 74
+    prog = "kvoffload replay" if args[0] == "replay" else "kvoffload"
+    assert done.stderr == (
+        f"{prog}: error: cannot write to standard output: No space left on device\n"
+    )
+
+
+def test_cli_replay_with_stdout_closed_says_so() -> None:
+    # `kvoffload replay ... >&-`: once an AttributeError traceback after the whole replay
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m kvoffload.cli replay "$1" --limit 50 >&-', sys.executable,
+         SYNTHETIC],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 74
+    assert done.stderr == (
+        "kvoffload replay: error: standard output is closed; redirect it to a file (> FILE) "
+        "or to /dev/null\n"
+    )
+
+
+def _replay_output_doc() -> str:
+    return (REPO / "docs" / "replay.md").read_text()
+
+
+def _documented(section: str, heading: str) -> list[str]:
+    """The names in the first column of the table under ``heading``."""
+    table = section.split(heading, 1)[1].split("\n\n", 2)[1]
+    return re.findall(r"^\| `([^`]+)` \|", table, re.M)
+
+
+def _json_keys(document: dict[str, object]) -> list[str]:
+    """Every key of a replay document: ``runs[].policy`` for a key of the
+    objects in a list."""
+    keys = []
+    for key, value in document.items():
+        keys.append(key)
+        if isinstance(value, list):
+            keys += [f"{key}[].{k}" for k in value[0]]
+    return keys
+
+
+def test_cli_replay_output_is_documented_key_by_key_and_column_by_column() -> None:
+    section = _replay_output_doc()
+    done = kvoffload(
+        "replay", SYNTHETIC, "--policy", "hkvarc", "--capacity", "1%", "--limit", "300",
+        "--lookahead", "8", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _documented(section, "JSON document (`--json`)") == _json_keys(json.loads(done.stdout))
+    table = kvoffload("replay", SYNTHETIC, "--policy", "lru", "--capacity", "10", "--limit", "50")
+    assert table.returncode == 0, table.stderr
+    columns = re.split(r" {2,}", table.stdout.splitlines()[0])
+    assert _documented(section, "Table (the default)") == columns
+
+
+# --------------------------------------------------------------------------- trace paths
+
+
+def test_cli_traces_of_the_same_name_are_told_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # once both were "t.jsonl", the rows of one indistinguishable from the other's
+    lines = Path(SYNTHETIC).read_text().splitlines(keepends=True)
+    paths = [
+        tmp_path / "a" / "t.jsonl",
+        tmp_path / "b" / "t.jsonl",
+        tmp_path / "x" / "a" / "t.jsonl",
+    ]
+    for n, path in enumerate(paths):
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(lines[: 30 + 10 * n]))
+    status, out, err = run_main(
+        ["replay", *map(str, paths), "--policy", "lru", "--capacity", "10", "--json"], capsys
+    )
+    assert status == 0, err
+    document = json.loads(out)
+    labels = [f"{tmp_path.name}/a/t.jsonl", "b/t.jsonl", "x/a/t.jsonl"]
+    assert [t["trace"] for t in document["traces"]] == labels
+    assert [r["trace"] for r in document["runs"]] == labels
+    assert [t["requests"] for t in document["traces"]] == [30, 40, 50]
+
+
+def test_cli_reads_a_trace_from_stdin() -> None:
+    # once "trace file not found: /dev/stdin"
+    head = "".join(Path(SYNTHETIC).read_text().splitlines(keepends=True)[:40])
+    done = kvoffload("replay", "/dev/stdin", "--policy", "lru", "--capacity", "10", stdin=head)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split()[:3] == ["stdin", "lru", "10"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_cli_reads_a_trace_from_a_fifo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    head = "".join(Path(SYNTHETIC).read_text().splitlines(keepends=True)[:40])
+    writer = threading.Thread(target=fifo.write_text, args=(head,), daemon=True)
+    writer.start()
+    status, out, err = run_main(["replay", str(fifo), "--policy", "lru", "--json"], capsys)
+    writer.join(10)
+    assert status == 0, err
+    trace = json.loads(out)["traces"][0]
+    assert (trace["trace"], trace["requests"]) == ("trace.fifo", 40)
+
+
+def test_cli_repeated_list_options_add_up(capsys: pytest.CaptureFixture[str]) -> None:
+    # once the last --policy and the last --capacity won, silently
+    status, out, err = run_main(
+        ["replay", SYNTHETIC, "--limit", "100", "--policy", "lru", "--policy", "arc,kvarc",
+         "--capacity", "10", "--capacity", "20,30", "--json"],
+        capsys,
+    )  # fmt: skip
+    assert status == 0, err
+    runs = [(r["capacity_blocks"], r["policy"]) for r in json.loads(out)["runs"]]
+    assert runs == [(c, p) for c in (10, 20, 30) for p in ("lru", "arc", "kvarc")]

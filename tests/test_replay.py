@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -14,12 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvoffload import BlockHash, CPUBackend, LRUOffloadingManager, PolicyOffloadingManager
+from kvoffload.abstract import PrepareStoreOutput
 from kvoffload.errors import ConfigError
 from kvoffload.policies import available_policies
-from kvoffload.replay import ReplayTrace, belady, parse_capacity, replay
-from kvoffload.runtime.synthetic import SyntheticWorkload
+from kvoffload.replay import ReplayError, ReplayTrace, belady, parse_capacity, replay
+from kvoffload.runtime.synthetic import SyntheticConfig, SyntheticWorkload
 from kvoffload.runtime.trace import load_mooncake_trace
-from kvoffload.runtime.workloads import Request
+from kvoffload.runtime.workloads import Request, WorkloadError, engine_block_hashes, loop
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -79,6 +81,16 @@ def test_parse_capacity_examples(spec: str, unique: int, blocks: int) -> None:
         ("5%%", "not a percentage"),
         ("nan%", "not a percentage"),
         ("1e3", "neither a block count"),
+        # int() takes these: only ASCII digits are a count
+        ("+3", "neither a block count"),
+        ("1_000", "neither a block count"),
+        ("\u0663", "neither a block count"),  # Arabic-Indic 3
+        ("\u0663%", "not a percentage"),
+        # once int()'s ValueError past 4300 digits
+        ("9223372036854775808", "must be at most 9223372036854775807 blocks"),
+        ("1" * 5000, r"'11111111111111111111'\.\.\.'11111111111111111111' \(5000 characters\) "),
+        ("1" * 5000 + "%", "must be at most 100%"),
+        ("0." + "0" * 5000 + "1%", "less than one block"),
     ],
 )
 def test_parse_capacity_rejects(spec: str, message: str) -> None:
@@ -423,3 +435,114 @@ def test_belady_refuses_a_capacity_that_is_not_a_block_count(capacity: object) -
     # nan and inf once ran as an unbounded cache, 2.5 as 3 blocks, True as 1
     with pytest.raises(ConfigError, match="capacity must be a whole number of blocks >= 1"):
         belady([[b"a"]], capacity)  # type: ignore[arg-type]
+
+
+def test_parse_capacity_reads_any_number_of_digits() -> None:
+    # int()'s 4300-digit limit once made these a ValueError
+    assert parse_capacity("0" * 5000 + "7", 10) == 7
+    assert parse_capacity("9223372036854775807", 10) == 2**63 - 1
+    assert parse_capacity("50." + "0" * 5000 + "1%", 10**6) == 500_000
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+class ExplodingManager(LRUOffloadingManager):
+    """An LRU manager whose ``prepare_store`` raises at its ``n``-th call."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(CPUBackend(block_size=512, num_blocks=10))
+        self.calls = 0
+        self.n = n
+
+    def prepare_store(self, block_hashes: Iterable[BlockHash]) -> PrepareStoreOutput | None:
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError("store exploded")
+        return super().prepare_store(block_hashes)
+
+
+def test_replay_names_the_policy_trace_and_request_a_manager_call_raised_on() -> None:
+    trace = trace_of([1], [2], [3], [4])
+    with pytest.raises(ReplayError) as caught:
+        replay(trace, policy="mine", capacity=10, manager=ExplodingManager(3))
+    error = caught.value
+    assert str(error) == (
+        "policy 'mine' failed on trace tiny (capacity 10 blocks) at request 2: "
+        "RuntimeError: store exploded"
+    )
+    assert (error.policy, error.trace, error.capacity, error.request) == ("mine", "tiny", 10, 2)
+    assert isinstance(error.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("capacity", ["5", 2.5, True, None])
+def test_replay_refuses_a_capacity_that_is_not_a_block_count(capacity: object) -> None:
+    # '5' was a bare TypeError ("'<' not supported between instances of 'str' and 'int'")
+    with pytest.raises(ConfigError, match="capacity must be a whole number of blocks >= 1"):
+        replay(trace_of([1]), policy="lru", capacity=capacity)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        SyntheticWorkload(SyntheticConfig(num_requests=None)),
+        loop(SyntheticWorkload(SyntheticConfig(num_requests=5))),
+    ],
+)
+def test_replay_trace_refuses_an_endless_workload(workload: SyntheticWorkload) -> None:
+    # once read forever
+    with pytest.raises(
+        ConfigError, match=r"its len_hint is None \(endless, or of no known length\)"
+    ):
+        ReplayTrace.from_requests(workload, name="endless", trace_block_size=512)
+
+
+def test_replay_trace_takes_the_first_requests_of_an_endless_workload() -> None:
+    endless = SyntheticWorkload(SyntheticConfig(num_requests=None))
+    trace = ReplayTrace.from_requests(
+        itertools.islice(endless, 20), name="first", trace_block_size=512
+    )
+    assert trace.requests == 20
+
+
+def test_trace_refuses_a_request_that_repeats_a_block_id(tmp_path: Path) -> None:
+    # once accepted silently; the shipped traces repeat no id within a request
+    path = tmp_path / "dup.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [5, 6, 7, 6, 5]}\n'
+    )
+    with pytest.raises(WorkloadError) as caught:
+        load_mooncake_trace(path)
+    assert str(caught.value) == (
+        f"{path}: line 2: field 'hash_ids' repeats id 6 (items 1 and 3); expected distinct "
+        "ids, each naming one prefix block"
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"timestamp": "0', "Unterminated string starting at column 15"),
+        ('{"timestamp": "0\n', "Invalid control character at column 17"),
+        ("{,", "Expecting property name enclosed in double quotes at column 2"),
+    ],
+)
+def test_trace_json_errors_name_the_column_once(tmp_path: Path, line: str, message: str) -> None:
+    # once "Unterminated string starting at at column 15"
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line)
+    with pytest.raises(WorkloadError) as caught:
+        load_mooncake_trace(path)
+    assert str(caught.value) == f"{path}: line 1: not valid JSON ({message})"
+
+
+def test_engine_block_hashes_refuses_block_sizes_past_64_bits() -> None:
+    # once a struct.error from packing the chain's root
+    with pytest.raises(
+        WorkloadError, match=r"block sizes must be positive and below 2\*\*64 tokens"
+    ):
+        engine_block_hashes([1], trace_block_size=2**64, engine_block_size=2**64)
+    assert (
+        len(engine_block_hashes([1], trace_block_size=2**64 - 1, engine_block_size=2**64 - 1)) == 1
+    )

@@ -95,7 +95,9 @@ def load_mooncake_trace(
     Raises :class:`WorkloadError` when the file is missing or unreadable,
     holds no request, or a line is not a JSON object with the four fields of
     the right types (message: file, 1-based line number, field, what was
-    expected), or timestamps decrease.
+    expected), a line's ``hash_ids`` repeats an id, or timestamps decrease.
+    ``path`` may be a FIFO or ``/dev/stdin``: the file is read once, as a
+    stream.
     """
     if not is_int(trace_block_size) or trace_block_size <= 0:
         raise WorkloadError(f"trace_block_size must be a positive int, got {trace_block_size!r}")
@@ -139,7 +141,9 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
     try:
         row: Any = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        # some messages end in "at" ("Unterminated string starting at")
+        message = exc.msg.removesuffix(" at")
+        raise WorkloadError(f"{where}: not valid JSON ({message} at column {exc.colno})") from None
     except RecursionError:
         raise WorkloadError(f"{where}: JSON nested too deeply to read") from None
     except ValueError:  # an integer of more digits than int() reads
@@ -188,6 +192,13 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
                 f"{where}: field 'hash_ids' item {position} must be an integer in "
                 f"[0, 2**64), got {block_id!r}"
             )
+    # an id names a chained prefix: it has one position, never two
+    if len(set(hash_ids)) < len(hash_ids):
+        first, again = _repeat(hash_ids)
+        raise WorkloadError(
+            f"{where}: field 'hash_ids' repeats id {hash_ids[first]} (items {first} and "
+            f"{again}); expected distinct ids, each naming one prefix block"
+        )
     return Request(
         request_id=request_id,
         arrival_time=ms / 1000.0,
@@ -195,3 +206,13 @@ def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Reques
         input_length=input_length,
         output_length=output_length,
     )
+
+
+def _repeat(ids: Sequence[int]) -> tuple[int, int]:
+    """The positions of the first id of ``ids`` seen twice (there is one)."""
+    seen: dict[int, int] = {}
+    for position, block_id in enumerate(ids):
+        first = seen.setdefault(block_id, position)
+        if first != position:
+            return first, position
+    raise AssertionError("no id repeats")

@@ -122,10 +122,14 @@ def engine_block_hashes(
     the result is cut to ``num_tokens // engine_block_size`` hashes, so the
     partial tail of the last trace block is not offloaded. Without it every
     trace block counts as full.
+
+    Raises :class:`WorkloadError` for a block size that is not positive and
+    below 2**64 tokens, or sizes that do not divide one another.
     """
-    if trace_block_size <= 0 or engine_block_size <= 0:
+    # the chain's root packs both sizes as unsigned 64-bit integers
+    if not (0 < trace_block_size < 2**64 and 0 < engine_block_size < 2**64):
         raise WorkloadError(
-            f"block sizes must be positive, got trace {trace_block_size}, "
+            f"block sizes must be positive and below 2**64 tokens, got trace {trace_block_size}, "
             f"engine {engine_block_size}"
         )
     full = len(block_ids) * trace_block_size // engine_block_size
