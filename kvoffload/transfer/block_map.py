@@ -30,13 +30,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
 
+from kvoffload._checks import is_int
 from kvoffload.abstract import LoadStoreSpec
-from kvoffload.errors import TransferError
+from kvoffload.errors import ConfigError, TransferError
 from kvoffload.mediums import CPULoadStoreSpec
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class PartialCPULoadStoreSpec(CPULoadStoreSpec):
     The first ``skip_first`` sub-blocks of the first block and the last
     ``skip_last`` sub-blocks of the last block are left out (sub-block = one
     GPU block). Its medium is still ``"CPU"``, so a worker routes it like a
-    :class:`~kvoffload.mediums.CPULoadStoreSpec`. Whether the skips fit the
+    :class:`~kvoffload.mediums.CPULoadStoreSpec`. A skip that is not an
+    ``int >= 0`` raises :class:`~kvoffload.errors.ConfigError` (``2.9`` or
+    ``True`` would skip sub-blocks nobody named); whether the skips fit the
     handler's block-size factor is checked when a job is planned.
     """
 
@@ -75,14 +78,30 @@ class PartialCPULoadStoreSpec(CPULoadStoreSpec):
         skip_last: int = 0,
     ) -> None:
         super().__init__(block_ids)
-        self.skip_first = int(skip_first)
-        self.skip_last = int(skip_last)
+        self.skip_first = _skip("skip_first", skip_first)
+        self.skip_last = _skip("skip_last", skip_last)
+
+    @classmethod
+    def from_id_list(cls, block_ids: list[int], *, skip_first: int = 0, skip_last: int = 0) -> Self:
+        """:meth:`CPULoadStoreSpec.from_id_list
+        <kvoffload.mediums.BlockIDsLoadStoreSpec.from_id_list>` with the skips
+        of the constructor."""
+        first, last = _skip("skip_first", skip_first), _skip("skip_last", skip_last)
+        spec = super().from_id_list(block_ids)
+        spec.skip_first, spec.skip_last = first, last
+        return spec
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.block_ids.tolist()!r}, "
             f"skip_first={self.skip_first}, skip_last={self.skip_last})"
         )
+
+
+def _skip(name: str, value: object) -> int:
+    if not is_int(value) or value < 0:
+        raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
+    return value
 
 
 def expand_block_ids(
@@ -375,9 +394,14 @@ class TransferPlan:
 
 
 def _cpu_skip(spec: LoadStoreSpec) -> tuple[int, int] | None:
-    if isinstance(spec, PartialCPULoadStoreSpec):
-        return (spec.skip_first, spec.skip_last)
-    return None
+    if not isinstance(spec, PartialCPULoadStoreSpec):
+        return None
+    first, last = getattr(spec, "skip_first", None), getattr(spec, "skip_last", None)
+    if not (is_int(first) and is_int(last)):
+        raise TransferError(
+            f"{_class_name(spec)} skips must be ints, got skip_first={first!r}, skip_last={last!r}"
+        )
+    return (first, last)
 
 
 def _class_name(spec: object) -> str:
@@ -459,8 +483,9 @@ def admit_job(
 ) -> TransferPlan | None:
     """The plan of a job a handler may accept, or ``None`` (logged at
     WARNING with the reason) when its id is still in flight or
-    :func:`plan_transfer` refuses it. Shared by every handler so that they
-    refuse exactly the same jobs."""
+    :func:`plan_transfer` refuses it, or reading its specs raises anything
+    at all (they are the caller's objects). Shared by every handler so that
+    they refuse exactly the same jobs."""
     if job_id in in_flight:
         logger.warning("transfer %d refused: job id still in flight", job_id)
         return None
@@ -468,6 +493,6 @@ def admit_job(
         return plan_transfer(
             spec, factor, num_gpu_blocks=num_gpu_blocks, num_cpu_blocks=num_cpu_blocks
         )
-    except (TransferError, TypeError, ValueError) as exc:
+    except Exception as exc:
         logger.warning("transfer %d refused: %s", job_id, exc)
         return None

@@ -28,6 +28,7 @@ from typing import Literal
 
 import torch
 
+from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError
 from kvoffload.transfer.block_map import TransferPlan, admit_job, consecutive_runs
 from kvoffload.transfer.host_copy import HostCopier, RowPair
@@ -53,13 +54,55 @@ def default_max_cpu_bytes() -> int | None:
     return int(total * DEFAULT_RAM_FRACTION) if total > 0 else None
 
 
+def _check_count(name: str, value: object) -> None:
+    if not is_int(value) or value < 1:
+        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def _block_factor(gpu_block_size: int, cpu_block_size: int) -> int:
-    if gpu_block_size < 1 or cpu_block_size < 1 or cpu_block_size % gpu_block_size:
+    _check_count("gpu_block_size", gpu_block_size)
+    _check_count("cpu_block_size", cpu_block_size)
+    if cpu_block_size % gpu_block_size:
         raise ConfigError(
             f"cpu_block_size ({cpu_block_size}) must be a positive multiple of "
             f"gpu_block_size ({gpu_block_size})"
         )
     return cpu_block_size // gpu_block_size
+
+
+def _check_caches(gpu_caches: Mapping[str, torch.Tensor]) -> None:
+    if not isinstance(gpu_caches, Mapping):
+        raise ConfigError(
+            f"gpu_caches must map layer names to torch.Tensor, got a {type(gpu_caches).__name__}"
+        )
+    for name, t in gpu_caches.items():
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(
+                f"gpu_caches[{name!r}] must be a torch.Tensor, got a {type(t).__name__}"
+            )
+
+
+def _resolve(
+    gpu_caches: Mapping[str, torch.Tensor],
+    layouts: Layout | Mapping[str, Layout] | None,
+    num_gpu_blocks: int | None,
+    attn_backends: Mapping[str, AttentionBackendLike] | None,
+) -> tuple[dict[str, Layout], int]:
+    """:func:`resolve_layouts` of the caches' shapes; a layer whose blocks
+    hold no element (a zero-size dimension) is a ConfigError too."""
+    resolved = resolve_layouts(
+        {name: tuple(t.shape) for name, t in gpu_caches.items()},
+        layouts,
+        num_gpu_blocks,
+        attn_backends,
+    )
+    for name, t in gpu_caches.items():
+        if t.numel() == 0:
+            raise ConfigError(
+                f"layer {name!r}: a KV tensor of shape {tuple(t.shape)} has empty GPU "
+                "blocks; every dimension must be >= 1"
+            )
+    return resolved
 
 
 def _row_views(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,12 +175,19 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         no cap. ``compute_stream`` is the stream stores wait on (default: the
         current stream at each submit). ``pin_memory`` defaults to "when the
         caches are on CUDA". Raises :class:`~kvoffload.errors.ConfigError` on
-        bad sizes, shapes, mixed devices or a mirror above the cap, before
-        allocating anything.
+        bad sizes (ints >= 1), shapes, mixed devices, ``pin_memory=True``
+        without CUDA or a mirror above the cap, before allocating anything,
+        and if allocating the mirror fails.
         """
         self.block_size_factor = _block_factor(gpu_block_size, cpu_block_size)
-        if num_cpu_blocks < 1:
-            raise ConfigError(f"num_cpu_blocks must be >= 1, got {num_cpu_blocks}")
+        _check_count("num_cpu_blocks", num_cpu_blocks)
+        if not (max_cpu_bytes in (None, "auto") or (is_int(max_cpu_bytes) and max_cpu_bytes >= 0)):
+            raise ConfigError(
+                f"max_cpu_bytes must be 'auto', None or an int >= 0, got {max_cpu_bytes!r}"
+            )
+        if not (pin_memory is None or isinstance(pin_memory, bool)):
+            raise ConfigError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+        _check_caches(gpu_caches)
         devices = {t.device for t in gpu_caches.values()}
         if len(devices) > 1:
             raise ConfigError(
@@ -147,12 +197,15 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         if self.device.type not in ("cpu", "cuda"):
             raise ConfigError(f"KV tensors on {self.device} are not supported (cuda or cpu only)")
         self.is_cuda = self.device.type == "cuda"
+        pin = self.is_cuda if pin_memory is None else pin_memory
+        if pin and not torch.cuda.is_available():
+            raise ConfigError(
+                "pin_memory=True needs CUDA (torch.cuda.is_available() is False); "
+                "pass pin_memory=False or None"
+            )
 
-        self.layouts, self.num_gpu_blocks = resolve_layouts(
-            {name: tuple(t.shape) for name, t in gpu_caches.items()},
-            layouts,
-            num_gpu_blocks,
-            attn_backends,
+        self.layouts, self.num_gpu_blocks = _resolve(
+            gpu_caches, layouts, num_gpu_blocks, attn_backends
         )
         self.num_cpu_blocks = num_cpu_blocks
         self.gpu_block_size = gpu_block_size
@@ -187,7 +240,6 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
                 "the handler a larger max_cpu_bytes"
             )
 
-        pin = self.is_cuda if pin_memory is None else pin_memory
         rows = num_cpu_blocks * self.block_size_factor
         self.gpu_tensors: list[torch.Tensor] = []
         self.cpu_tensors: list[torch.Tensor] = []
@@ -199,7 +251,15 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
             dim = block_dim(self.layouts[name])
             shape = list(gpu.shape)
             shape[dim] = rows
-            cpu = torch.zeros(shape, dtype=gpu.dtype, device="cpu", pin_memory=pin)
+            try:
+                cpu = torch.zeros(shape, dtype=gpu.dtype, device="cpu", pin_memory=pin)
+            except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+                raise ConfigError(
+                    f"cannot allocate the CPU mirror ({self.cpu_mirror_bytes} bytes"
+                    f"{' pinned' if pin else ''} for num_cpu_blocks={num_cpu_blocks}): {e}; "
+                    "lower the CPU blocks (kvoffload serve: --num-cpu-blocks / "
+                    "KVOFFLOAD_NUM_CPU_BLOCKS; vLLM: num_cpu_blocks)"
+                ) from e
             self.gpu_tensors.append(gpu)
             self.cpu_tensors.append(cpu)
             if dim == 0:
@@ -238,12 +298,9 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         """Bytes the mirror of ``gpu_caches`` would take; allocates nothing.
         Raises :class:`~kvoffload.errors.ConfigError` like the constructor."""
         factor = _block_factor(gpu_block_size, cpu_block_size)
-        _, n_gpu = resolve_layouts(
-            {name: tuple(t.shape) for name, t in gpu_caches.items()},
-            layouts,
-            num_gpu_blocks,
-            attn_backends,
-        )
+        _check_count("num_cpu_blocks", num_cpu_blocks)
+        _check_caches(gpu_caches)
+        _, n_gpu = _resolve(gpu_caches, layouts, num_gpu_blocks, attn_backends)
         per_block = sum(t.numel() // n_gpu * t.element_size() for t in gpu_caches.values())
         return per_block * num_cpu_blocks * factor
 

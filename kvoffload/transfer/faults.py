@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 
-from kvoffload.errors import TransferError
+from kvoffload._checks import is_int, is_number
+from kvoffload.errors import ConfigError
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
 
 __all__ = ["FaultInjectingHandler"]
@@ -19,11 +20,17 @@ __all__ = ["FaultInjectingHandler"]
 
 class FaultInjectingHandler(OffloadingHandler):
     """Wraps ``inner`` and reports a seeded fraction ``rate`` of the jobs it
-    accepts as failed (``(job_id, False)``); refusals pass through unchanged."""
+    accepts as failed (``(job_id, False)``); refusals pass through unchanged.
+    A ``rate`` that is not a number in [0, 1] (``True`` included) or a
+    ``seed`` that is not an int raises :class:`~kvoffload.errors.ConfigError`."""
 
     def __init__(self, inner: OffloadingHandler, rate: float, seed: int = 0) -> None:
-        if not 0.0 <= rate <= 1.0:
-            raise TransferError(f"failure rate must lie in [0, 1], got {rate!r}")
+        if not isinstance(inner, OffloadingHandler):
+            raise ConfigError(f"inner must be an OffloadingHandler, got a {type(inner).__name__}")
+        if not (is_number(rate) and 0.0 <= rate <= 1.0):
+            raise ConfigError(f"failure rate must be a number in [0, 1], got {rate!r}")
+        if not is_int(seed):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
         self.inner = inner
         self.rate = rate
         self._rng = random.Random(seed)

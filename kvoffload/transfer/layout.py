@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol, get_args
 
+from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError
 
 Layout = Literal["blocks_first", "kv_first"]
@@ -88,13 +89,24 @@ def resolve_layouts(
     blocks_first with 2 blocks; all layers must agree on one block count, so it
     is settled by ``num_gpu_blocks`` or by another layer whose shape reads only
     one way. Raises :class:`~kvoffload.errors.ConfigError` when no layer is
-    given, a layout is unknown, the shapes disagree on the block count, or a
-    layer stays ambiguous.
+    given, an argument has the wrong type (``num_gpu_blocks`` an int >= 1),
+    a layout is unknown, the shapes disagree on the block count, or a layer
+    stays ambiguous.
     """
     if not shapes:
         raise ConfigError("gpu_caches is empty: need at least one layer's KV tensor")
-    if num_gpu_blocks is not None and num_gpu_blocks < 1:
-        raise ConfigError(f"num_gpu_blocks must be >= 1, got {num_gpu_blocks}")
+    if num_gpu_blocks is not None and (not is_int(num_gpu_blocks) or num_gpu_blocks < 1):
+        raise ConfigError(f"num_gpu_blocks must be None or an int >= 1, got {num_gpu_blocks!r}")
+    if not (layouts is None or isinstance(layouts, str | Mapping)):
+        raise ConfigError(
+            f"layouts must be None, one of {LAYOUTS} or a mapping of layer name to layout, "
+            f"got {layouts!r}"
+        )
+    if not (attn_backends is None or isinstance(attn_backends, Mapping)):
+        raise ConfigError(
+            f"attn_backends must be None or a mapping of layer name to backend, "
+            f"got {attn_backends!r}"
+        )
 
     fixed: dict[str, Layout] = {}
     if isinstance(layouts, str):

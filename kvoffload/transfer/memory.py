@@ -20,7 +20,8 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvoffload.errors import TransferError
+from kvoffload._checks import is_int, is_number
+from kvoffload.errors import ConfigError
 from kvoffload.transfer.block_map import TransferPlan, admit_job
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
 
@@ -37,6 +38,11 @@ class _PendingJob:
     # copy engine reads the source in stream order, not when polled.
     to_gpu: bool
     writes: dict[int, bytes | None]
+
+
+def _check_polls(name: str, polls: object) -> None:
+    if not is_int(polls) or polls < 0:
+        raise ConfigError(f"{name} must be an int >= 0, got {polls!r}")
 
 
 class InMemoryOffloadingHandler(OffloadingHandler):
@@ -67,10 +73,23 @@ class InMemoryOffloadingHandler(OffloadingHandler):
         seed: int = 0,
         strict: bool = True,
     ) -> None:
-        if block_size_factor < 1:
-            raise TransferError(f"block_size_factor must be >= 1, got {block_size_factor}")
-        if not 0.0 <= failure_rate <= 1.0:
-            raise TransferError(f"failure_rate must lie in [0, 1], got {failure_rate}")
+        """Settings of the wrong type or out of range raise
+        :class:`~kvoffload.errors.ConfigError`: counts are ints
+        (``block_size_factor`` and block counts >= 1, ``delay_polls`` >= 0),
+        ``failure_rate`` a number in [0, 1], flags bools."""
+        if not is_int(block_size_factor) or block_size_factor < 1:
+            raise ConfigError(f"block_size_factor must be an int >= 1, got {block_size_factor!r}")
+        for name, count in (("num_gpu_blocks", num_gpu_blocks), ("num_cpu_blocks", num_cpu_blocks)):
+            if count is not None and (not is_int(count) or count < 1):
+                raise ConfigError(f"{name} must be None or an int >= 1, got {count!r}")
+        if not (is_number(failure_rate) and 0.0 <= failure_rate <= 1.0):
+            raise ConfigError(f"failure_rate must be a number in [0, 1], got {failure_rate!r}")
+        _check_polls("delay_polls", delay_polls)
+        if not is_int(seed):
+            raise ConfigError(f"seed must be an int, got {seed!r}")
+        for name, flag in (("refuse_all", refuse_all), ("strict", strict)):
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{name} must be True or False, got {flag!r}")
         self.block_size_factor = block_size_factor
         self.num_gpu_blocks = num_gpu_blocks
         self.num_cpu_blocks = num_cpu_blocks
@@ -100,7 +119,9 @@ class InMemoryOffloadingHandler(OffloadingHandler):
         self.refuse_job_ids.add(job_id)
 
     def delay_job(self, job_id: int, polls: int) -> None:
-        """Hold ``job_id`` back for ``polls`` calls of :meth:`get_finished`."""
+        """Hold ``job_id`` back for ``polls`` calls of :meth:`get_finished`
+        (an int >= 0, else :class:`~kvoffload.errors.ConfigError`)."""
+        _check_polls("polls", polls)
         self._job_delays[job_id] = polls
 
     # -- contents -------------------------------------------------------

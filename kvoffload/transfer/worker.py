@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from typing import Any
 
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import TransferError
@@ -23,6 +24,29 @@ TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
 #: ``(job_id, success)``.
 TransferResult = tuple[int, bool]
 TransferType = tuple[str, str]
+
+
+def _transfer_type(spec: Any) -> TransferType:
+    """The media of a ``(src, dst)`` spec pair; :class:`TransferError` unless
+    ``spec`` is two specs whose ``medium()`` answers a string."""
+    try:
+        src, dst = spec
+        media = (src.medium(), dst.medium())
+    except Exception as exc:
+        reason = str(exc)
+    else:
+        if isinstance(media[0], str) and isinstance(media[1], str):
+            return media
+        reason = f"medium() answered {media[0]!r}, {media[1]!r}"
+    if isinstance(spec, tuple | list):
+        names = [type(s).__name__ for s in spec[:3]] + (["..."] if len(spec) > 3 else [])
+        got = f"{type(spec).__name__} ({', '.join(names)})"
+    else:
+        got = type(spec).__name__
+    raise TransferError(
+        "a spec pair must be a (src, dst) tuple of two LoadStoreSpecs whose medium() "
+        f"is a string, got a {got}: {reason}"
+    )
 
 
 class OffloadingHandler(ABC):
@@ -64,10 +88,10 @@ class OffloadingWorker:
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
         """Submit a job. Returns ``False`` (and logs why) if its handler
-        raised or refused. An unregistered medium pair or a job id still in
-        flight is a caller bug and raises :class:`TransferError`."""
-        src, dst = spec
-        transfer_type = (src.medium(), dst.medium())
+        raised or refused. A malformed spec pair, an unregistered medium pair
+        or a job id still in flight is a caller bug and raises
+        :class:`TransferError`."""
+        transfer_type = _transfer_type(spec)
         handler = self.transfer_type_to_handler.get(transfer_type)
         if handler is None:
             known = ", ".join(f"{s}->{d}" for s, d in self.transfer_type_to_handler) or "none"

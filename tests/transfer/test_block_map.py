@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvoffload.abstract import LoadStoreSpec
-from kvoffload.errors import TransferError
+from kvoffload.errors import ConfigError, TransferError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.transfer.block_map import (
     PartialCPULoadStoreSpec,
+    admit_job,
     consecutive_runs,
     expand_block_ids,
     plan_copy,
@@ -214,7 +218,6 @@ def test_plan_transfer_partial_spec_ends_inside_a_block(
     [
         ([1], 2, 1, "leaves none"),
         ([1, 2], 3, 0, r"must each lie in \[0, 3\)"),
-        ([1, 2], 0, -1, r"must each lie in \[0, 3\)"),
         ([], 1, 0, "has no blocks"),
     ],
 )
@@ -364,3 +367,63 @@ def test_plan_transfer_refuses_specs_without_medium_or_block_ids() -> None:
 
     with pytest.raises(TransferError, match=r"NoIds \(medium 'GPU'\) -> kvoffload"):
         plan_transfer((NoIds(), CPULoadStoreSpec([1])), 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("first", "last", "message"),
+    [
+        (2.9, 0, "skip_first must be an int >= 0, got 2.9"),
+        (0, "1", "skip_last must be an int >= 0, got '1'"),
+        (True, 0, "skip_first must be an int >= 0, got True"),
+        (0, -1, "skip_last must be an int >= 0, got -1"),
+        (None, 0, "skip_first must be an int >= 0, got None"),
+    ],
+)
+def test_partial_spec_refuses_skips_that_are_not_ints_from_zero(
+    first: object, last: object, message: str
+) -> None:
+    # once rounded or parsed (2.9 -> 2, "1" -> 1, True -> 1): wrong sub-blocks copied
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PartialCPULoadStoreSpec([0, 1], skip_first=first, skip_last=last)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PartialCPULoadStoreSpec.from_id_list([0, 1], skip_first=first, skip_last=last)  # type: ignore[arg-type]
+
+
+def test_partial_spec_from_id_list_keeps_its_skips() -> None:
+    # the inherited constructor built a spec without skip_first / skip_last
+    plain = PartialCPULoadStoreSpec.from_id_list([0, 1])
+    assert repr(plain) == "PartialCPULoadStoreSpec([0, 1], skip_first=0, skip_last=0)"
+    spec = PartialCPULoadStoreSpec.from_id_list([4, 2], skip_first=1, skip_last=2)
+    assert repr(spec) == "PartialCPULoadStoreSpec([4, 2], skip_first=1, skip_last=2)"
+    load = plan_transfer((spec, GPULoadStoreSpec(range(3))), 3).copy
+    assert load.src.tolist() == ref_rows([4, 2], 3, 1, 2)
+
+
+class UnreadableIds(CPULoadStoreSpec):
+    @property
+    def block_ids(self) -> np.ndarray:
+        raise RuntimeError("block ids lost")
+
+
+def _skipless() -> PartialCPULoadStoreSpec:
+    """A partial spec as the inherited ``from_id_list`` built it: no skips."""
+    spec = PartialCPULoadStoreSpec([0])
+    del spec.skip_first, spec.skip_last
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("cpu_spec", "message"),
+    [
+        pytest.param(_skipless(), "skips must be ints, got skip_first=None", id="no-skips"),
+        pytest.param(UnreadableIds([0]), "block ids lost", id="unreadable-ids"),
+    ],
+)
+def test_admit_job_refuses_a_spec_that_cannot_be_read(
+    cpu_spec: CPULoadStoreSpec, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    for spec in ((GPULoadStoreSpec([0]), cpu_spec), (cpu_spec, GPULoadStoreSpec([0]))):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvoffload.transfer.block_map"):
+            assert admit_job(3, spec, 1, ()) is None
+        assert "transfer 3 refused" in caplog.text and message in caplog.text

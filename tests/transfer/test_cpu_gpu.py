@@ -6,6 +6,7 @@ Every data test runs on CPU tensors and, marked ``gpu``, on CUDA when present.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -219,6 +220,19 @@ def test_cpu_gpu_non_contiguous_cache_round_trip() -> None:
     assert torch.equal(cache[[0, 1, 2]].contiguous().view(torch.uint8), expected)
 
 
+class UnreadableIds(CPULoadStoreSpec):
+    @property
+    def block_ids(self) -> np.ndarray:
+        raise RuntimeError("block ids lost")
+
+
+def _skipless() -> PartialCPULoadStoreSpec:
+    """A partial spec as the inherited ``from_id_list`` built it: no skips."""
+    spec = PartialCPULoadStoreSpec([0])
+    del spec.skip_first, spec.skip_last
+    return spec
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "spec",
@@ -236,6 +250,8 @@ def test_cpu_gpu_non_contiguous_cache_round_trip() -> None:
             (PartialCPULoadStoreSpec([0], skip_first=2, skip_last=1), GPULoadStoreSpec([])),
             id="partial-empty",
         ),
+        pytest.param((GPULoadStoreSpec([0, 1, 2]), _skipless()), id="partial-without-skips"),
+        pytest.param((UnreadableIds([0]), GPULoadStoreSpec([0, 1, 2])), id="unreadable-ids"),
     ],
 )
 def test_cpu_gpu_malformed_job_is_refused_without_side_effects(
@@ -310,8 +326,79 @@ def caches(shape: tuple[int, ...] = (NUM_GPU, 4, 8), layers: int = 2) -> dict[st
 def test_cpu_gpu_cpu_block_size_must_be_a_multiple() -> None:
     with pytest.raises(ConfigError, match=r"cpu_block_size \(40\).*gpu_block_size \(16\)"):
         CpuGpuOffloadingHandler(16, 40, 4, caches())
-    with pytest.raises(ConfigError, match="num_cpu_blocks must be >= 1"):
+    with pytest.raises(ConfigError, match="num_cpu_blocks must be an int >= 1, got 0"):
         CpuGpuOffloadingHandler(16, 32, 0, caches())
+
+
+_MIRROR_ARGS = {"gpu_caches", "gpu_block_size", "cpu_block_size", "num_cpu_blocks"}
+_MIRROR_ARGS |= {"layouts", "num_gpu_blocks", "attn_backends"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_cpu_blocks": 4.5}, "num_cpu_blocks must be an int >= 1, got 4.5"),
+        ({"num_cpu_blocks": "4"}, "num_cpu_blocks must be an int >= 1, got '4'"),
+        ({"num_cpu_blocks": True}, "num_cpu_blocks must be an int >= 1, got True"),
+        ({"gpu_block_size": 16.0}, "gpu_block_size must be an int >= 1, got 16.0"),
+        (
+            {"gpu_block_size": True, "cpu_block_size": True},
+            "gpu_block_size must be an int >= 1, got True",
+        ),
+        ({"cpu_block_size": 32.0}, "cpu_block_size must be an int >= 1, got 32.0"),
+        ({"num_gpu_blocks": 12.0}, "num_gpu_blocks must be None or an int >= 1, got 12.0"),
+        ({"num_gpu_blocks": True}, "num_gpu_blocks must be None or an int >= 1, got True"),
+        ({"layouts": ["blocks_first"]}, "layouts must be None, one of ('blocks_first',"),
+        ({"attn_backends": ["flash"]}, "attn_backends must be None or a mapping"),
+        (
+            {"gpu_caches": {"l0": torch.zeros(NUM_GPU, 16, 0)}},
+            "layer 'l0': a KV tensor of shape (12, 16, 0) has empty GPU blocks",
+        ),
+        ({"gpu_caches": {"l0": [[0.0]]}}, "gpu_caches['l0'] must be a torch.Tensor, got a list"),
+        ({"gpu_caches": [torch.zeros(4)]}, "gpu_caches must map layer names to torch.Tensor"),
+        (
+            {"max_cpu_bytes": "none"},
+            "max_cpu_bytes must be 'auto', None or an int >= 0, got 'none'",
+        ),
+        (
+            {"max_cpu_bytes": 1e12},
+            "max_cpu_bytes must be 'auto', None or an int >= 0, got 1000000000000.0",
+        ),
+        ({"pin_memory": "yes"}, "pin_memory must be None, True or False, got 'yes'"),
+    ],
+)
+def test_cpu_gpu_bad_arguments_are_config_errors(kwargs: dict[str, object], message: str) -> None:
+    # once raw TypeErrors/RuntimeErrors from torch, or accepted (8.0 blocks, True sizes)
+    args: dict[str, object] = {
+        "gpu_block_size": 16,
+        "cpu_block_size": 16,
+        "num_cpu_blocks": 4,
+        "gpu_caches": caches(),
+    }
+    args |= kwargs
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        CpuGpuOffloadingHandler(**args)  # type: ignore[arg-type]
+    if set(kwargs) <= _MIRROR_ARGS:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            CpuGpuOffloadingHandler.mirror_bytes(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(CUDA, reason="needs a machine without CUDA")
+def test_cpu_gpu_pin_memory_without_cuda_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"pin_memory=True needs CUDA"):
+        CpuGpuOffloadingHandler(16, 16, 4, caches(), pin_memory=True)
+
+
+def test_cpu_gpu_mirror_allocation_failure_is_a_config_error() -> None:
+    # 2**60 bytes: more than any allocator or address space hands out
+    kv = {"a": torch.zeros(NUM_GPU, 1 << 10, dtype=torch.uint8)}
+    need = CpuGpuOffloadingHandler.mirror_bytes(kv, 16, 16, 1 << 50)
+    assert need == 1 << 60
+    with pytest.raises(ConfigError) as raised:
+        CpuGpuOffloadingHandler(16, 16, 1 << 50, kv, max_cpu_bytes=None)
+    message = str(raised.value)
+    assert message.startswith(f"cannot allocate the CPU mirror ({need} bytes for num_cpu_blocks=")
+    assert "--num-cpu-blocks" in message and "vLLM: num_cpu_blocks" in message
 
 
 def test_cpu_gpu_mirror_size_is_computed_and_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -3,9 +3,11 @@ failures, and nothing else."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from kvoffload.errors import TransferError
+from kvoffload.errors import ConfigError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.transfer.faults import FaultInjectingHandler
 from kvoffload.transfer.memory import InMemoryOffloadingHandler
@@ -48,7 +50,28 @@ def test_refusals_pass_through_and_are_never_reported() -> None:
     assert handler.get_finished() == []
 
 
-@pytest.mark.parametrize("rate", [-0.1, 1.5])
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan"), float("inf")])
 def test_rate_outside_the_unit_interval_is_refused(rate: float) -> None:
-    with pytest.raises(TransferError, match=r"\[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"\[0, 1\]"):
         FaultInjectingHandler(_inner(), rate)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # True once failed every job, "0.5" raised a raw TypeError
+        ((True,), "failure rate must be a number in [0, 1], got True"),
+        (("0.5",), "failure rate must be a number in [0, 1], got '0.5'"),
+        ((None,), "failure rate must be a number in [0, 1], got None"),
+        ((0.5, 1.5), "seed must be an int, got 1.5"),
+        ((0.5, "7"), "seed must be an int, got '7'"),
+    ],
+)
+def test_settings_of_the_wrong_type_are_refused(args: tuple[object, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        FaultInjectingHandler(_inner(), *args)  # type: ignore[arg-type]
+
+
+def test_inner_must_be_a_handler() -> None:
+    with pytest.raises(ConfigError, match="inner must be an OffloadingHandler, got a bool"):
+        FaultInjectingHandler(True, 0.5)  # type: ignore[arg-type]

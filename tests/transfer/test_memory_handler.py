@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
-from kvoffload.errors import TransferError
+from kvoffload.errors import ConfigError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.transfer.block_map import PartialCPULoadStoreSpec
 from kvoffload.transfer.memory import InMemoryOffloadingHandler
@@ -130,7 +131,44 @@ def test_memory_handler_strict_refuses_unwritten_source() -> None:
 
 
 def test_memory_handler_rejects_bad_settings() -> None:
-    with pytest.raises(TransferError, match="block_size_factor"):
+    with pytest.raises(ConfigError, match="block_size_factor"):
         InMemoryOffloadingHandler(block_size_factor=0)
-    with pytest.raises(TransferError, match="failure_rate"):
+    with pytest.raises(ConfigError, match="failure_rate"):
         InMemoryOffloadingHandler(failure_rate=1.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # each once accepted: True failed every job, "2" raised in get_finished
+        # with the job stuck, 2.0 and "8" made every job a refusal
+        ({"failure_rate": True}, "failure_rate must be a number in [0, 1], got True"),
+        ({"failure_rate": "0.5"}, "failure_rate must be a number in [0, 1], got '0.5'"),
+        ({"failure_rate": float("nan")}, "failure_rate must be a number in [0, 1], got nan"),
+        ({"delay_polls": "2"}, "delay_polls must be an int >= 0, got '2'"),
+        ({"delay_polls": -1}, "delay_polls must be an int >= 0, got -1"),
+        ({"delay_polls": 1.0}, "delay_polls must be an int >= 0, got 1.0"),
+        ({"block_size_factor": 2.0}, "block_size_factor must be an int >= 1, got 2.0"),
+        ({"block_size_factor": True}, "block_size_factor must be an int >= 1, got True"),
+        ({"num_gpu_blocks": "8"}, "num_gpu_blocks must be None or an int >= 1, got '8'"),
+        ({"num_cpu_blocks": 8.0}, "num_cpu_blocks must be None or an int >= 1, got 8.0"),
+        ({"num_cpu_blocks": 0}, "num_cpu_blocks must be None or an int >= 1, got 0"),
+        ({"seed": "1"}, "seed must be an int, got '1'"),
+        ({"strict": "no"}, "strict must be True or False, got 'no'"),
+        ({"refuse_all": 1}, "refuse_all must be True or False, got 1"),
+    ],
+)
+def test_memory_handler_refuses_settings_of_the_wrong_type(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        InMemoryOffloadingHandler(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("polls", ["2", -1, 1.5, None])
+def test_memory_handler_delay_job_refuses_a_bad_count(polls: object) -> None:
+    h = InMemoryOffloadingHandler(strict=False)
+    with pytest.raises(ConfigError, match=re.escape(f"polls must be an int >= 0, got {polls!r}")):
+        h.delay_job(1, polls)  # type: ignore[arg-type]
+    assert h.transfer_async(1, (GPULoadStoreSpec([0]), CPULoadStoreSpec([0])))
+    assert h.get_finished() == [(1, True)]

@@ -124,6 +124,42 @@ def test_worker_unregistered_pair_is_a_transfer_error() -> None:
         worker.transfer_async(1, LOAD)
 
 
+class OddMediumSpec(LoadStoreSpec):
+    @staticmethod
+    def medium() -> str:
+        return 5  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("spec", "got"),
+    [
+        # once a raw ValueError (unpacking) or AttributeError (no medium)
+        ((GPULoadStoreSpec([0]),), "got a tuple (GPULoadStoreSpec): not enough values"),
+        ((*STORE, CPULoadStoreSpec([1])), "got a tuple (GPULoadStoreSpec, CPULoadStoreSpec, "),
+        ((object(), CPULoadStoreSpec([0])), "got a tuple (object, CPULoadStoreSpec): 'object'"),
+        (GPULoadStoreSpec([0]), "got a GPULoadStoreSpec: "),
+        (None, "got a NoneType: "),
+        (
+            (GPULoadStoreSpec([0]), OddMediumSpec()),
+            "got a tuple (GPULoadStoreSpec, OddMediumSpec): medium() answered 'GPU', 5",
+        ),
+    ],
+)
+def test_worker_malformed_spec_pair_is_a_transfer_error(spec: object, got: str) -> None:
+    handler = ScriptedHandler()
+    worker = OffloadingWorker()
+    worker.register_handler(GPULoadStoreSpec, CPULoadStoreSpec, handler)
+    with pytest.raises(TransferError) as raised:
+        worker.transfer_async(1, spec)  # type: ignore[arg-type]
+    message = str(raised.value)
+    assert message.startswith(
+        "a spec pair must be a (src, dst) tuple of two LoadStoreSpecs whose medium() is a string"
+    )
+    assert got in message
+    assert handler.submitted == []
+    assert worker.transfer_async(1, STORE)
+
+
 def test_worker_job_id_in_flight_is_a_transfer_error() -> None:
     handler = ScriptedHandler()
     worker = OffloadingWorker()
