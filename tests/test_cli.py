@@ -247,6 +247,17 @@ def test_cli_bad_arguments_give_one_line(
     assert expected in err
 
 
+def test_cli_an_import_that_exits_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the command exited with the module's status, saying nothing
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status, out, err = run_main(["replay", SYNTHETIC, "--import", "exits_on_import"], capsys)
+    assert (status, out) == (2, "")
+    assert "cannot import 'exits_on_import': it called sys.exit(3) while being imported" in err
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [

@@ -120,6 +120,10 @@ def import_policy_modules(modules: Iterable[str]) -> None:
     for module in modules:
         try:
             importlib.import_module(module)
+        except SystemExit as exc:  # the command exited silently with the module's status
+            raise PolicyError(
+                f"cannot import {module!r}: it called sys.exit({exc.code!r}) while being imported"
+            ) from exc
         except Exception as exc:  # any failure of user code: one clear line
             hint = (
                 " (it must be importable: installed, or on PYTHONPATH, e.g. PYTHONPATH=. for "

@@ -12,10 +12,13 @@ fail before it starts, naming the line and field, not halfway through.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
 import os
 import sys
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ __all__ = ["DEFAULT_TRACE_BLOCK_SIZE", "TraceWorkload", "load_mooncake_trace"]
 
 #: tokens per ``hash_ids`` entry in the published Mooncake traces
 DEFAULT_TRACE_BLOCK_SIZE = 512
+#: the first bytes of a gzip file (RFC 1952)
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TraceWorkload(Workload):
@@ -97,7 +102,7 @@ def load_mooncake_trace(
     the right types (message: file, 1-based line number, field, what was
     expected), a line's ``hash_ids`` repeats an id, or timestamps decrease.
     ``path`` may be a FIFO or ``/dev/stdin``: the file is read once, as a
-    stream.
+    stream. A gzip-compressed file is read through.
     """
     if not is_int(trace_block_size) or trace_block_size <= 0:
         raise WorkloadError(f"trace_block_size must be a positive int, got {trace_block_size!r}")
@@ -107,7 +112,10 @@ def load_mooncake_trace(
     requests: list[Request] = []
     previous_ms: float = -math.inf
     try:
-        with trace.open(encoding="utf-8") as lines:
+        with trace.open("rb") as raw:
+            # a gzip file is read through (peek, not seek: a FIFO reads once)
+            source = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == _GZIP_MAGIC else raw
+            lines = io.TextIOWrapper(source, encoding="utf-8")
             for line_no, line in enumerate(lines, start=1):
                 if limit is not None and len(requests) >= limit:
                     break
@@ -129,6 +137,8 @@ def load_mooncake_trace(
         raise WorkloadError(f"trace path is a directory, not a file: {trace}") from None
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{trace}: not a UTF-8 text file ({exc.reason})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise WorkloadError(f"{trace}: not a readable gzip file ({exc})") from None
     except OSError as exc:
         raise WorkloadError(f"cannot read trace file {trace}: {exc.strerror}") from None
     if not requests and limit != 0:

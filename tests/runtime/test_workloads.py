@@ -3,6 +3,7 @@ pacing and looping."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -133,6 +134,18 @@ def test_load_trace_missing_file_is_a_workload_error(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="directory"):
         load_mooncake_trace(tmp_path)
     assert issubclass(WorkloadError, KVOffloadError)
+
+
+def test_load_trace_reads_a_gzip_file_through(tmp_path: Path) -> None:
+    # it was "not a UTF-8 text file (invalid start byte)"
+    plain = load_mooncake_trace(TRACES / "mooncake_synthetic_trace.jsonl", limit=200)
+    packed = tmp_path / "t.jsonl.gz"
+    packed.write_bytes(gzip.compress((TRACES / "mooncake_synthetic_trace.jsonl").read_bytes()))
+    assert list(load_mooncake_trace(packed, limit=200)) == list(plain)
+    broken = tmp_path / "broken.jsonl.gz"
+    broken.write_bytes(packed.read_bytes()[:300])
+    with pytest.raises(WorkloadError, match=r"broken\.jsonl\.gz: not a readable gzip file"):
+        load_mooncake_trace(broken)
 
 
 # --------------------------------------------------------------------------- block mapping
