@@ -49,6 +49,11 @@ from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRe
 from kvoffload.runtime.scheduling import RequestBlocks, RequestScheduler
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.runtime.workloads import Request, Workload
+from kvoffload.transfer.cpu_gpu import (
+    DEFAULT_RAM_FRACTION,
+    CpuGpuOffloadingHandler,
+    default_max_cpu_bytes,
+)
 from kvoffload.transfer.faults import FaultInjectingHandler
 from kvoffload.transfer.worker import OffloadingHandler, OffloadingWorker
 
@@ -121,8 +126,7 @@ class Engine:
             event_log_capacity=config.event_log_capacity,
         )
         if handler is None:
-            from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
-
+            self._check_memory()
             handler = CpuGpuOffloadingHandler(
                 gpu_block_size=config.gpu_block_size,
                 cpu_block_size=config.offloaded_block_size,
@@ -173,6 +177,33 @@ class Engine:
         self._runner: int | None = None
         self._start_lock = threading.Lock()
         self._snapshot = self._take_snapshot()
+
+    def _check_memory(self) -> None:
+        """On a CPU device the simulated GPU cache and the CPU tier's mirror
+        share the machine's memory: :class:`ConfigError` when together they
+        pass the share each was checked against alone (both fitted, and the
+        process could be killed for memory instead)."""
+        limit = default_max_cpu_bytes() if self.kv.device.type == "cpu" else None
+        if limit is None:
+            return
+        config = self.config
+        store = sum(t.numel() * t.element_size() for t in self.kv.tensors.values())
+        mirror = CpuGpuOffloadingHandler.mirror_bytes(
+            self.kv.tensors,
+            config.gpu_block_size,
+            config.offloaded_block_size,
+            config.num_cpu_blocks,
+            layouts=config.kv_layout,
+            num_gpu_blocks=config.num_gpu_blocks,
+        )
+        if store + mirror > limit:
+            raise ConfigError(
+                f"on the CPU, the simulated GPU KV cache ({store} bytes) and the CPU tier "
+                f"({mirror} bytes) together need more than {limit} bytes "
+                f"({DEFAULT_RAM_FRACTION:.0%} of this machine's memory); lower the GPU or CPU "
+                "blocks (kvoffload serve: --gpu-blocks / KVOFFLOAD_GPU_BLOCKS, "
+                "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS)"
+            )
 
     # -- public surface ----------------------------------------------------
 

@@ -691,3 +691,30 @@ def test_engine_refuses_a_workload_block_size_that_is_not_a_count(size: object) 
     workload = TraceWorkload([], name="odd", trace_block_size=size)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"block size must be a positive integer \(tokens\), got"):
         Engine(small_config(), workload)
+
+
+def test_a_cpu_cache_and_tier_that_fit_alone_but_not_together_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each was checked against the memory share alone: both passed, and
+    # `kvoffload serve` could be killed for memory instead (found by an audit)
+    config = small_config()
+    store = Engine(config, synthetic(num_requests=1)).kv
+    store_bytes = sum(t.numel() * t.element_size() for t in store.tensors.values())
+    mirror_bytes = CpuGpuOffloadingHandler.mirror_bytes(
+        store.tensors,
+        config.gpu_block_size,
+        config.offloaded_block_size,
+        config.num_cpu_blocks,
+        layouts=config.kv_layout,
+    )
+    limit = max(store_bytes, mirror_bytes) + 1  # each fits, both do not
+    for module in ("engine", "kv_store"):
+        monkeypatch.setattr(f"kvoffload.runtime.{module}.default_max_cpu_bytes", lambda: limit)
+    monkeypatch.setattr("kvoffload.transfer.cpu_gpu.default_max_cpu_bytes", lambda: limit)
+    with pytest.raises(ConfigError, match=r"together need more than .*--num-cpu-blocks"):
+        Engine(config, synthetic(num_requests=1))
+    monkeypatch.setattr(
+        "kvoffload.runtime.engine.default_max_cpu_bytes", lambda: store_bytes + mirror_bytes
+    )
+    Engine(config, synthetic(num_requests=1))  # exactly the share is enough
