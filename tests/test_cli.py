@@ -18,7 +18,8 @@ import pytest
 from kvoffload._version import __version__
 from kvoffload.cli import main
 from kvoffload.policies import available_policies
-from kvoffload.replay import parse_capacity
+from kvoffload.replay import ReplayTrace, parse_capacity, replay
+from kvoffload.runtime.trace import DEFAULT_TRACE_BLOCK_SIZE, load_mooncake_trace
 from kvoffload.table import IMPLEMENTATION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +110,76 @@ def test_cli_replay_json_has_every_field() -> None:
         assert run["prefix_hit_ratio"] == run["hit_blocks"] / run["block_accesses"]
         assert run["hit_blocks"] <= run["belady_hit_blocks"]
         assert run["block_ops"] > 0 and run["wall_seconds"] > 0
+
+
+def test_cli_replay_table_cells_are_the_json_values_as_documented() -> None:
+    # docs/replay.md: decimals, separators, alignment, cap % past 100
+    args = [
+        "replay", SYNTHETIC, "--policy", "lru,kvarc", "--capacity", "10,100000", "--limit", "300",
+    ]  # fmt: skip
+    runs = json.loads(kvoffload(*args, "--json").stdout)["runs"]
+    table = kvoffload(*args).stdout.splitlines()
+    header, rows = table[0], table[1:]
+    assert len(rows) == len(runs) == 4
+    # text cells start where their column's header does, numbers end where it does
+    spans = [m.span() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    for row, run in zip(rows, runs, strict=True):
+        cells = re.split(r" {2,}", row)
+        assert len(cells) == len(spans)
+        for i, (cell, (start, end)) in enumerate(zip(cells, spans, strict=True)):
+            assert row[start:].startswith(cell) if i < 2 else row[:end].endswith(cell), (i, row)
+        assert cells[:2] == [run["trace"], run["policy"]]
+        assert cells[2] == str(run["capacity_blocks"])
+        assert cells[3] == f"{run['capacity_percent']:.2f}"
+        assert cells[4] == f"{run['prefix_hit_ratio']:.4f}"
+        assert cells[5] == f"{run['belady_hit_ratio']:.4f}"
+        assert re.fullmatch(r"\d{1,3}(,\d{3})*", cells[7])
+        assert cells[8] == str(run["evictions"])
+    unique = json.loads(kvoffload(*args, "--json").stdout)["traces"][0]["unique_blocks"]
+    big = [run for run in runs if run["capacity_blocks"] == 100000]
+    assert all(run["capacity_percent"] == 100 * 100000 / unique > 100 for run in big)
+
+
+def test_cli_replay_json_values_are_what_they_are_documented_to_be() -> None:
+    done = kvoffload("replay", SYNTHETIC, "--policy", "lru", "--capacity", "10", "--json")
+    document = json.loads(done.stdout)
+    assert document["kvoffload_version"] == __version__
+    (trace,) = document["traces"]
+    # the whole shipped trace (its README's figures)
+    assert (trace["requests"], trace["block_accesses"], trace["unique_blocks"]) == (
+        3993,
+        121877,
+        43924,
+    )
+    (run,) = document["runs"]
+    assert run["block_ops_per_second"] == run["block_ops"] / run["wall_seconds"]
+    direct = replay(
+        ReplayTrace.from_requests(
+            load_mooncake_trace(SYNTHETIC), name="t", trace_block_size=DEFAULT_TRACE_BLOCK_SIZE
+        ),
+        policy="lru",
+        capacity=10,
+    )
+    assert (run["evictions"], run["rejected_stores"], run["hit_blocks"]) == (
+        direct.evictions,
+        direct.rejected_stores,
+        direct.hit_blocks,
+    )
+
+
+def test_cli_trace_block_size_is_a_label_only() -> None:
+    # docs/replay.md: the replay counts blocks, whatever their size in tokens
+    def runs(size: str) -> list[dict[str, object]]:
+        done = kvoffload(
+            "replay", SYNTHETIC, "--policy", "lru,hkvarc", "--capacity", "1%", "--limit", "400",
+            "--lookahead", "4", "--trace-block-size", size, "--json",
+        )  # fmt: skip
+        document = json.loads(done.stdout)
+        assert document["traces"][0]["trace_block_size"] == int(size)
+        timed = ("wall_seconds", "block_ops_per_second")
+        return [{k: v for k, v in run.items() if k not in timed} for run in document["runs"]]
+
+    assert runs("16") == runs("512")
 
 
 def test_cli_replay_defaults_compare_every_policy_on_each_trace_at_four_capacities() -> None:
@@ -409,11 +480,37 @@ class Unbuildable(Works):
         pass
 
 
+class AlsoExplodes(Works):
+    def touch(self, hs):
+        raise ValueError("touch broke")
+
+
+class Repeats(Works):
+    name = "repeats"
+
+    def evict(self, n, protected):
+        victims = self.evict_from(L.A, n, protected)
+        if victims is None:
+            return None
+        hashes, handles = victims
+        return [*hashes[:-1], hashes[0]], handles  # one victim twice
+
+
+class BigOnly(Works):
+    def __init__(self, capacity, table):
+        if capacity > 15:
+            raise MemoryError(f"{capacity} blocks is too many for me")
+        super().__init__(capacity, table)
+
+
 class NotAPolicy:
     pass
 
 
 register_policy("explodes", f"{__name__}:Explodes")
+register_policy("alsoexplodes", f"{__name__}:AlsoExplodes")
+register_policy("repeats", f"{__name__}:Repeats")
+register_policy("bigonly", f"{__name__}:BigOnly")
 register_policy("unbuildable", f"{__name__}:Unbuildable")
 register_policy("notapolicy", f"{__name__}:NotAPolicy")
 """
@@ -451,6 +548,61 @@ def test_cli_a_policy_that_raises_is_named_and_the_others_still_print(
     else:
         rows = [line.split() for line in done.stdout.splitlines()[1:]]
         assert [(r[1], int(r[2])) for r in rows] == expected
+
+
+def test_cli_each_failed_policy_is_one_line_in_command_line_order(own_policies: Path) -> None:
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "alsoexplodes,lru,explodes",
+        "--capacity", "10", "--limit", "300", path=own_policies,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert [line.split("'")[1] for line in lines] == ["alsoexplodes", "explodes"], lines
+    assert all("failed on trace" in line for line in lines)
+    assert [row.split()[1] for row in done.stdout.splitlines()[1:]] == ["lru"]
+
+
+def test_cli_a_contract_breach_is_reported_like_any_failure(own_policies: Path) -> None:
+    # the manager's own refusal (PolicyContractError) goes the same way
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "repeats,lru",
+        "--capacity", "10", "--limit", "300", path=own_policies,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert re.fullmatch(
+        r"kvoffload replay: error: policy 'repeats' failed on trace \S+ \(capacity 10 "
+        r"blocks\) at request \d+: PolicyContractError: eviction policy 'repeats' broke its "
+        r"contract: evict answered a victim more than once .*\n",
+        done.stderr,
+    ), done.stderr
+    assert [row.split()[1] for row in done.stdout.splitlines()[1:]] == ["lru"]
+
+
+def test_cli_every_policy_is_built_at_every_capacity_first(own_policies: Path) -> None:
+    # built at 10 blocks it works; at 20 its constructor raises: nothing runs
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "lru,bigonly",
+        "--capacity", "10,20", "--limit", "100", path=own_policies,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "kvoffload replay: error: policy 'bigonly' cannot be built for 20 blocks: "
+        "MemoryError: 20 blocks is too many for me\n"
+    )
+
+
+def test_cli_repeated_imports_add_up(tmp_path: Path) -> None:
+    for name in ("first_policies", "second_policies"):
+        (tmp_path / f"{name}.py").write_text(
+            "from kvoffload.policies import register_policy\n"
+            f"register_policy('{name[:-9]}', 'kvoffload.policies.lru:LRUPolicy')\n"
+        )
+    done = kvoffload(
+        "replay", SYNTHETIC, "--import", "first_policies", "--import", "second_policies",
+        "--policy", "first,second", "--capacity", "10", "--limit", "50", path=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [row.split()[1] for row in done.stdout.splitlines()[1:]] == ["first", "second"]
 
 
 @pytest.mark.parametrize(

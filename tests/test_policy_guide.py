@@ -3,8 +3,10 @@ inside a manager and through ``kvoffload replay --import``."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -54,16 +56,37 @@ def test_guide_example_is_a_working_policy(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(m) == 3 and m.stats().counters.evictions == {"fifo": 2, "lru": 0}
 
 
-def test_guide_example_runs_through_replay_import(tmp_path: Path) -> None:
+def test_guide_a_policy_registered_in_a_conftest_runs_the_core_suite(tmp_path: Path) -> None:
+    # "register yours where the tests import (for example in a conftest.py)
+    # and run pytest tests/core": the contract suite's fixtures then include it
+    shutil.copytree(REPO / "tests" / "core", tmp_path / "tests" / "core")
+    (tmp_path / "fifo_policy.py").write_text(_example())
+    (tmp_path / "conftest.py").write_text("import fifo_policy  # registers 'fifo'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/core/test_contract.py"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    collected = done.stdout.splitlines()
+    assert any("test_contract.py::" in t and "[fifo]" in t for t in collected), done.stdout
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_guide_example_runs_through_replay_import(tmp_path: Path, named: bool) -> None:
+    # "with no --policy, replay runs every registered policy, yours included"
     (tmp_path / "fifo_policy.py").write_text(_example())
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    chosen = ["--policy", "lru,fifo"] if named else []
     done = subprocess.run(
         [sys.executable, "-m", "kvoffload.cli", "replay", str(TRACE), "--import", "fifo_policy",
-         "--policy", "lru,fifo", "--capacity", "5%", "--limit", "300", "--json"],
+         *chosen, "--capacity", "5%", "--limit", "300", "--json"],
         capture_output=True, text=True, env=env, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert '"policy": "fifo"' in done.stdout and '"policy": "lru"' in done.stdout
+    ran = [run["policy"] for run in json.loads(done.stdout)["runs"]]
+    assert ran == (["lru", "fifo"] if named else sorted([*policies.available_policies(), "fifo"]))
 
 
 def test_guide_example_is_served_through_serve_imports(tmp_path: Path) -> None:

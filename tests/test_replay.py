@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
@@ -546,3 +547,32 @@ def test_engine_block_hashes_refuses_block_sizes_past_64_bits() -> None:
     assert (
         len(engine_block_hashes([1], trace_block_size=2**64 - 1, engine_block_size=2**64 - 1)) == 1
     )
+
+
+def test_wall_seconds_count_the_manager_calls_and_hints_only() -> None:
+    # docs/replay.md: "seconds spent inside the manager calls (hint and unhint
+    # included; not the hashing, the bounds or the output)"; progress is outside
+    nap = 0.05
+
+    class SlowHints(PolicyOffloadingManager):
+        def hint(self, block_hashes: Iterable[BlockHash]) -> int:
+            time.sleep(nap)
+            return super().hint(block_hashes)
+
+    trace = trace_of([1, 2], [1, 3], [4])
+    naps: list[int] = []
+
+    def slow_progress(done: int) -> None:
+        naps.append(done)
+        time.sleep(1.0)
+
+    result = replay(
+        trace,
+        policy="lru",
+        capacity=4,
+        manager=SlowHints(CPUBackend(512, 4)),
+        lookahead=2,
+        progress=slow_progress,
+    )
+    assert naps == [3]
+    assert nap * 3 <= result.wall_seconds < 1.0  # three hints timed, the progress not

@@ -117,6 +117,15 @@ def test_offloading_config_from_vllm_style_config_errors(config: Any, message: s
         OffloadingConfig.from_vllm_config(config)
 
 
+@pytest.mark.parametrize("text", ["64", " 64", "+64", "0064"])
+def test_a_vllm_style_config_reads_counts_from_ascii_digits(text: str) -> None:
+    # as vLLM's int() reads them (docs/library.md)
+    config = OffloadingConfig.from_vllm_config(
+        vllm_config({"num_cpu_blocks": text, "block_size": "32"})
+    )
+    assert (config.num_cpu_blocks, config.block_size) == (64, 32)
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

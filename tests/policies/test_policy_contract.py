@@ -6,6 +6,7 @@ are trusted unchecked (their victims come from the table's ``evict``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Sequence
 from enum import IntEnum
 
@@ -71,6 +72,13 @@ def _protected_too(self: _Fifo, n: int, protected: Container[BlockHash]) -> obje
     return self.evict_from(_Lists.A, n, ())  # evicts the blocks the call names
 
 
+def _wrong_victim(self: _Fifo, n: int, protected: Container[BlockHash]) -> object:
+    victims = self.evict_from(_Lists.A, n, protected)
+    assert victims is not None
+    hashes, handles = victims
+    return [*hashes[:-1], _h(3)], handles  # h3 stays resident, the real victim is lost
+
+
 def _not_victims(self: _Fifo, n: int, protected: Container[BlockHash]) -> object:
     return 42
 
@@ -108,6 +116,7 @@ def _manager(cls: type[EvictionPolicy]) -> PolicyOffloadingManager:
         (_one_fewer, r"1 hashes and 1 handles for the 2 victims asked"),
         (_silently_removing, "2 victims but 3 blocks removed from the table"),
         (_protected_too, r"victim b'h0', which the call names \(protected\)"),
+        (_wrong_victim, r"victim b'h3', still resident"),
         (_not_victims, r"evict answered int, not \(hashes, handles\)"),
         (_made_up, r"2 victims but 0 blocks removed"),
         (_none_after_removing, "evict answered None but removed 2 blocks"),
@@ -118,10 +127,11 @@ def test_a_policy_breaking_the_evict_contract_is_named_before_anything_is_freed(
 ) -> None:
     manager = _manager(_broken(evict))
     free = manager.backend.get_num_free_blocks()
-    with pytest.raises(
-        PolicyContractError, match=rf"eviction policy 'broken' broke its contract: .*{says}"
-    ):
+    with pytest.raises(PolicyContractError) as info:
         manager.prepare_store([_h(0), _h(10), _h(11)])  # names h0; two victims needed
+    message = str(info.value)
+    assert re.match(rf"eviction policy 'broken' broke its contract: .*{says}", message), message
+    assert message.endswith("(see docs/writing-a-policy.md); this manager is not to be used again")
     assert manager.backend.get_num_free_blocks() == free  # no block id freed (twice)
 
 
