@@ -5,11 +5,18 @@ showing them even while the engine's snapshot does not change."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
-from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
+import httpx
+import pytest
+from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient, small_settings
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from app import AdminServer, start_admin_server
 from app.request_metrics import UNROUTED
+from kvoffload import CPUBackend, PolicyOffloadingManager
+from kvoffload.runtime import HostedManager
 
 REQUESTS = "kvoffload_api_requests_total"
 DURATION = "kvoffload_api_request_duration_seconds"
@@ -113,3 +120,62 @@ def test_the_api_metrics_are_on_a_hosts_registry(make_client: ClientFactory) -> 
     registry = client.app.state.service.registry  # type: ignore[attr-defined]
     value = registry.get_sample_value(REQUESTS, {"name": "GET /livez", "outcome": "200"})
     assert value == 1
+
+
+def hosted_manager() -> HostedManager:
+    manager = PolicyOffloadingManager(
+        CPUBackend(block_size=16, num_blocks=32), policy="lru", enable_events=True
+    )
+    return HostedManager(manager)
+
+
+def sample(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float | None:
+    """``name{labels}`` of ``registry``, once it is there (polled briefly)."""
+    deadline = time.monotonic() + 5
+    while (value := registry.get_sample_value(name, labels)) is None:
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+    return value
+
+
+def test_a_host_passing_its_own_registry_gets_the_api_metrics() -> None:
+    # docs/observability.md: start_admin_server(registry=...) gets them too
+    registry = CollectorRegistry()
+    server = start_admin_server(hosted_manager(), small_settings(port=0), registry=registry)
+    try:
+        assert server.registry is registry
+        assert httpx.get(f"{server.url}/livez", timeout=5).status_code == 200
+        labels = {"name": "GET /livez", "outcome": "200"}
+        assert sample(registry, REQUESTS, labels) == 1
+        assert sample(registry, f"{DURATION}_count", {"name": "GET /livez"}) == 1
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def hosted_server() -> Iterator[AdminServer]:
+    server = start_admin_server(hosted_manager(), small_settings(port=0))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_an_event_stream_is_counted_and_timed_as_it_opens(hosted_server: AdminServer) -> None:
+    # docs/observability.md: the duration runs to the answer's status line,
+    # and a stream is counted and timed as it opens, not when it ends
+    registry, name = hosted_server.registry, "GET /v1/events/stream"
+    with (
+        httpx.Client(base_url=hosted_server.url, headers=READ_HEADERS, timeout=10.0) as http,
+        http.stream("GET", "/v1/events/stream") as stream,  # the live tail: it does not end
+    ):
+        assert stream.status_code == 200
+        opened = time.monotonic()
+        assert sample(registry, REQUESTS, {"name": name, "outcome": "200"}) == 1
+        assert sample(registry, f"{DURATION}_count", {"name": name}) == 1
+        time.sleep(0.5)  # open a while longer: what it was timed at does not grow
+        took = registry.get_sample_value(f"{DURATION}_sum", {"name": name})
+        assert took is not None and 0 < took < time.monotonic() - opened
+        assert not stream.is_closed  # still open
+        assert registry.get_sample_value(REQUESTS, {"name": name, "outcome": "200"}) == 1

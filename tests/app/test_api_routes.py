@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -239,6 +240,45 @@ def test_readyz_is_503_when_engine_stopped(client: TestClient) -> None:
         503,
         "engine_stopped",
     )
+
+
+def test_a_service_not_started_is_503_not_ready() -> None:
+    # no `with`: the lifespan never ran, so there is no engine and no service
+    client = TestClient(create_app(small_settings()))
+    for method, path, headers, body in (
+        ("GET", "/v1/policy", READ_HEADERS, None),
+        ("GET", "/v1/cache", READ_HEADERS, None),  # the cached reads pass it on
+        ("PUT", "/v1/policy", ADMIN_HEADERS, {"policy": "arc"}),
+        ("POST", "/v1/runtime:pause", ADMIN_HEADERS, None),
+    ):
+        r = client.request(method, path, headers=headers, json=body)
+        assert_error(r, 503, "not_ready")
+
+
+def test_a_bug_is_a_500_internal_error_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = create_app(small_settings())
+
+    async def broken() -> None:
+        raise RuntimeError("a bug in a route")
+
+    app.add_api_route("/v1/broken", broken, methods=["GET"])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            r = client.get("/v1/broken", headers=READ_HEADERS)
+    error = assert_error(r, 500, "internal_error")
+    assert set(error) == {"code", "message"}
+    assert "a bug in a route" not in r.text  # the traceback goes to the log, not the client
+    assert "the error is in its log" in error["message"]
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1, [record.getMessage() for record in errors]
+    (record,) = errors
+    assert "GET /v1/broken" in record.getMessage()
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], RuntimeError)
+    assert "a bug in a route" in caplog.text  # the traceback is in the log
 
 
 def test_command_timeout_is_504() -> None:

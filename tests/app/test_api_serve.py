@@ -9,10 +9,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
-from served import ROOT, SMALL_ENGINE_FLAGS, free_port, serve, wait_ready
+from served import ROOT, SMALL_ENGINE_FLAGS, free_port, serve, served, wait_ready
 
 TOKEN = "serve-test-admin-token"
 
@@ -83,7 +84,45 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(
     assert "after finishing in-flight jobs" in log
     assert "no transfer job in flight" in log
     assert "stopped by SIGTERM" in log
+    assert "telemetry flushed" in log
     assert TOKEN not in log
+
+
+@pytest.mark.slow
+def test_serve_stops_cleanly_on_sigint(server: tuple[str, subprocess.Popen[str]]) -> None:
+    # docs/api.md: exit 0 after SIGTERM or SIGINT (Ctrl-C), in-flight jobs
+    # finished and telemetry flushed
+    base, proc = server
+    assert httpx.get(f"{base}/v1/cache", timeout=10.0).status_code == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0
+    assert proc.stdout is not None
+    log = proc.stdout.read()
+    assert "stopped by SIGINT" in log
+    assert "after finishing in-flight jobs" in log
+    assert "telemetry flushed" in log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+
+
+@pytest.mark.slow
+def test_serve_warns_about_a_variable_that_is_no_setting(tmp_path: Path) -> None:
+    # docs/api.md, Settings: a typo is not ignored in silence; the scripts'
+    # own variables are no typo
+    log_path = tmp_path / "serve.log"
+    env = {
+        "KVOFFLOAD_SPEEED": "1",
+        "KVOFFLOAD_TORCH": "torch==2.13.0",
+        "KVOFFLOAD_PURE_PYTHON": "0",
+        "KVOFFLOAD_VLLM_TIER": "skip",
+    }
+    with served(env=env, log_path=log_path) as s:
+        assert httpx.get(f"{s.base}/livez", timeout=5).status_code == 200  # it does start
+        log = log_path.read_text()
+    warnings = [line for line in log.splitlines() if "warning: KVOFFLOAD_" in line]
+    assert warnings == [
+        "kvoffload serve: warning: KVOFFLOAD_SPEEED is not a setting and is ignored; "
+        "did you mean KVOFFLOAD_SPEED?"
+    ], log[-2000:]
 
 
 @pytest.mark.slow

@@ -214,6 +214,37 @@ def test_large_unauthenticated_bodies_are_refused_unread(server: Served) -> None
     assert httpx.get(f"{server.base}/livez", timeout=5).status_code == 200
 
 
+def chunked_put(port: int, chunks: list[bytes], *, end: bool) -> bytes:
+    """An authenticated ``PUT /v1/policy`` with ``chunks`` as its chunked body,
+    ended (the last, empty chunk) if ``end``; the answer."""
+    head = (
+        b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" % TOKEN.encode()
+    )
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks)
+    return raw_request(port, head + body + (b"0\r\n\r\n" if end else b""), timeout=5.0)
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_cap() -> None:
+    with served("--max-body-bytes", "4096") as s:
+        # under the cap, chunked, is served
+        ok = chunked_put(s.port, [b'{"policy": ', b'"arc"}', b" " * 3000], end=True)
+        assert status_of(ok) == 200, ok[:300]
+        # 5 KiB in 1 KiB chunks, the body never ended: refused as soon as it
+        # passes 4096 bytes, not when it ends (it would wait for the body
+        # timeout, 10 s, then answer 408)
+        started = time.monotonic()
+        refused = chunked_put(s.port, [b"{" + b" " * 1023] + [b" " * 1024] * 4, end=False)
+        assert status_of(refused) == 413, refused[:300]
+        assert time.monotonic() - started < 5
+        head, _, body = refused.partition(b"\r\n\r\n")
+        assert b"connection: close" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "payload_too_large"
+        assert "larger than 4096 bytes" in error["message"]
+        assert httpx.get(f"{s.base}/v1/policy", headers=READ).json()["policy"] == "arc"
+
+
 def test_auth_is_decided_before_the_body_is_parsed(server: Served) -> None:
     bad = b'{"policy": '
     with httpx.Client(base_url=server.base, timeout=5.0) as http:
@@ -270,6 +301,17 @@ def test_absolute_form_target_is_routed_by_its_path(server: Served) -> None:
         f"GET http://evil.example/v1/cache HTTP/1.1\r\nHost: x\r\nAuthorization: {ADMIN['Authorization']}\r\n\r\n".encode(),
     )
     assert status_of(answer) == 200, answer[:300]
+
+
+def test_a_percent_encoded_path_is_routed_decoded(server: Served) -> None:
+    # docs/api.md: "/v1/c%61che is /v1/cache" (every ASGI server decodes the path)
+    for target in ("/v1/c%61che", "/v1/cache"):
+        answer = raw_request(
+            server.port,
+            f"GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: {READ['Authorization']}\r\n\r\n".encode(),
+        )
+        assert status_of(answer) == 200, (target, answer[:300])
+        assert "blocks" in json.loads(answer.partition(b"\r\n\r\n")[2])
 
 
 @pytest.mark.parametrize(
@@ -332,6 +374,8 @@ def test_no_stale_read_after_a_switch_under_concurrent_polling(server: Served) -
 
 def test_slow_request_headers_are_cut_off() -> None:
     with served("--header-timeout", "1") as s:
+        before = api_requests(s.base)
+        served_meanwhile = 0
         trickles = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(50)]
         for sock in trickles:
             sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
@@ -354,10 +398,14 @@ def test_slow_request_headers_are_cut_off() -> None:
                     sock.setblocking(True)
             # while they trickle, everyone else is served
             assert httpx.get(f"{s.base}/livez", timeout=5).status_code == 200
+            served_meanwhile += 1
             time.sleep(0.3)
         for sock in trickles:
             sock.close()
         assert len(closed) == len(trickles), f"{len(trickles) - len(closed)} connections held"
+        # a connection closed for slow headers is no request: not counted
+        # (docs/observability.md), only the requests served meanwhile are
+        assert counted_since(s.base, before) == {"GET /livez 200": served_meanwhile}
 
 
 def test_header_deadline_spares_pipelined_requests_and_cuts_a_late_one() -> None:
@@ -489,27 +537,67 @@ def test_what_the_http_parser_refuses_has_the_error_shape(server: Served) -> Non
         assert status_of(answer) == 400, answer[:300]
         head, _, body = answer.partition(b"\r\n\r\n")
         assert b"content-type: application/json" in head.lower()
+        assert b"connection: close" in head.lower()
         assert json.loads(body)["error"]["code"] == "bad_request"
 
 
 @pytest.mark.parametrize(
-    ("request_", "status", "says"),
+    ("request_", "status", "code", "says"),
     [
         # RFC 9112, 3.2 (was answered 200)
-        (b"GET /livez HTTP/1.1\r\n\r\n", 400, "needs a Host header"),
-        (b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n", 505, "HTTP/2.0 is not served"),
-        (b"GET /livez HTTP/1.0\r\n\r\n", 200, None),  # 1.0 has no Host
+        (b"GET /livez HTTP/1.1\r\n\r\n", 400, "bad_request", "needs a Host header"),
+        (
+            b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n",
+            505,
+            "http_version_not_supported",
+            "HTTP/2.0 is not served",
+        ),
+        (b"GET /livez HTTP/1.0\r\n\r\n", 200, None, None),  # 1.0 has no Host
     ],
 )
 def test_the_http_version_and_host_are_checked(
-    server: Served, request_: bytes, status: int, says: str | None
+    server: Served, request_: bytes, status: int, code: str | None, says: str | None
 ) -> None:
     answer = raw_request(server.port, request_)
     assert status_of(answer) == status, answer[:300]
     if says is not None:
         head, _, body = answer.partition(b"\r\n\r\n")
         assert b"connection: close" in head.lower()
-        assert says in json.loads(body)["error"]["message"]
+        assert b"content-type: application/json" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == code
+        assert says in error["message"]
+
+
+def counted_since(base: str, before: dict[str, float]) -> dict[str, float]:
+    """What ``kvoffload_api_requests_total`` counted since ``before`` (the
+    scrapes themselves left out)."""
+    time.sleep(0.3)  # past the /metrics cache's age bound (0.1 s)
+    after = api_requests(base)
+    return {
+        key: after.get(key, 0) - before.get(key, 0)
+        for key in after.keys() | before.keys()
+        if key != "GET /metrics 200" and after.get(key, 0) != before.get(key, 0)
+    }
+
+
+def test_what_the_http_parser_refuses_is_not_counted(server: Served) -> None:
+    # docs/observability.md: no request exists, so none is counted (no 400,
+    # 505 or unrouted series from them)
+    before = api_requests(server.base)
+    for request, status in (
+        (b"FOO /v1/policy HTTP/1.1\r\nHost: x\r\n\r\n", 400),  # a bad request line
+        (b"GET /livez HTTP/1.1\nHost: x\n\n", 400),
+        (b"GET /livez HTTP/1.1\r\n\r\n", 400),  # no Host
+        (b"GET /livez HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"GET /nowhere HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    ):
+        answer = raw_request(server.port, request)
+        assert status_of(answer) == status, answer[:300]
+    # a request that does exist is counted: the comparison sees counts
+    assert status_of(raw_request(server.port, b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+    assert counted_since(server.base, before) == {"GET /livez 200": 1}
+    assert not any(key.endswith(" 505") for key in api_requests(server.base))
 
 
 def send_head(port: int, lines: Iterator[bytes]) -> bytes:

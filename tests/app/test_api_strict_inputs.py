@@ -191,7 +191,7 @@ def test_a_body_with_thousands_of_problems_lists_a_bounded_number(client: TestCl
     r = client.post("/v1/policy:validate", content=body, headers=JSON)
     message = error_of(r, 422, "invalid_request")
     issues = r.json()["error"]["issues"]
-    assert len(issues) == MAX_ISSUES
+    assert len(issues) == MAX_ISSUES == 20  # docs/api.md: "the first 20"
     assert all(i["type"] == "extra_forbidden" for i in issues)
     assert message.endswith("; and 2995 more"), message[-80:]
     assert len(r.content) < 10_000
@@ -221,6 +221,62 @@ def test_a_last_event_id_given_twice_is_refused(client: TestClient) -> None:
     headers = [("Last-Event-ID", "1"), ("Last-Event-ID", "2")]
     r = client.get("/v1/events/stream?limit=1", headers=headers)
     assert "header 'Last-Event-ID' is given more than once" in error_of(r, 422, "invalid_request")
+
+
+MAX_SEQ = 2**53 - 1  # docs/api.md: cursors and versions are capped at 2^53 - 1
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "body", "loc"),
+    [
+        # JSON `true` is not a number, "3" is not an integer (lax pydantic takes both)
+        ("PUT", "/v1/policy", {"policy": "arc", "expected_version": True}, "expected_version"),
+        ("PUT", "/v1/policy", {"policy": "arc", "expected_version": "3"}, "expected_version"),
+        (
+            "POST",
+            "/v1/policy:validate",
+            {"policy": "arc", "expected_version": "1"},
+            "expected_version",
+        ),
+        ("POST", "/v1/events:drain", {"limit": True}, "limit"),
+        ("POST", "/v1/events:drain", {"limit": "5"}, "limit"),
+        # one past 2^53 - 1, in a query and in a body
+        ("GET", f"/v1/events?after_seq={MAX_SEQ + 1}", None, "after_seq"),
+        (
+            "PUT",
+            "/v1/policy",
+            {"policy": "arc", "expected_version": MAX_SEQ + 1},
+            "expected_version",
+        ),
+    ],
+    ids=[
+        "version true",
+        'version "3"',
+        'validate version "1"',
+        "drain limit true",
+        'drain limit "5"',
+        "after_seq 2^53",
+        "version 2^53",
+    ],
+)
+def test_booleans_strings_and_numbers_past_2_53_are_not_integers(
+    client: TestClient, method: str, target: str, body: dict[str, Any] | None, loc: str
+) -> None:
+    r = client.request(method, target, json=body, headers=ADMIN_HEADERS)
+    error_of(r, 422, "invalid_request")
+    assert [issue["loc"][-1] for issue in r.json()["error"]["issues"]] == [loc]
+    assert client.get("/v1/policy").json()["version"] == 1  # nothing switched
+
+
+def test_cursors_and_versions_of_2_53_minus_1_are_taken(client: TestClient) -> None:
+    # the largest value is a value, answered as such: a stale version, a
+    # cursor ahead of the log; not refused as out of range
+    r = client.put(
+        "/v1/policy", json={"policy": "arc", "expected_version": MAX_SEQ}, headers=ADMIN_HEADERS
+    )
+    error_of(r, 409, "version_conflict")
+    assert r.json()["error"]["expected_version"] == MAX_SEQ
+    error_of(client.get(f"/v1/events?after_seq={MAX_SEQ}"), 409, "cursor_ahead")
 
 
 @pytest.mark.parametrize(
@@ -330,3 +386,35 @@ def test_large_answers_are_rendered_off_the_loop_a_few_at_a_time(client: TestCli
     small, big = client.portal.call(both)  # type: ignore[union-attr]
     assert small == b"x" and big == [b"x"] * 6
     assert peak == RENDER_THREADS
+    # docs/api.md: "more than 100 records is rendered in a worker thread, two at a time"
+    assert (RENDER_INLINE, RENDER_THREADS) == (100, 2)
+
+
+def test_a_page_of_more_than_100_events_is_rendered_off_the_loop(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.state import ServiceState
+
+    rendered: list[tuple[int, bool]] = []  # (records, built on the loop's thread)
+    render = ServiceState.render
+
+    async def spy(self: ServiceState, build: Any, records: int) -> bytes:
+        loop_thread = threading.get_ident()
+
+        def watched() -> bytes:
+            rendered.append((records, threading.get_ident() == loop_thread))
+            body: bytes = build()
+            return body
+
+        return await render(self, watched, records)
+
+    deadline = time.monotonic() + 30
+    while client.get("/v1/events?limit=1").json()["last_seq"] <= 101:
+        assert time.monotonic() < deadline, "the engine must have logged 101 records"
+        time.sleep(0.05)
+    monkeypatch.setattr(ServiceState, "render", spy)
+    page = client.get("/v1/events?after_seq=0&limit=101")
+    assert page.status_code == 200 and len(page.json()["events"]) == 101
+    small = client.get("/v1/events?after_seq=0&limit=100")
+    assert small.status_code == 200 and len(small.json()["events"]) == 100
+    assert rendered == [(101, False), (100, True)]
