@@ -15,7 +15,7 @@ from typing import Any
 from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError, PolicyError
 from kvoffload.policies import available_policies, import_policy_modules, policy_class
-from kvoffload.spec import OffloadingConfig, _positive_int
+from kvoffload.spec import CPUOffloadingSpec, OffloadingConfig, _positive_int
 
 __all__ = [
     "DEFAULT_LOOKAHEAD",
@@ -32,13 +32,10 @@ __all__ = [
 SPEC_NAME = "KVOffloadSpec"
 SPEC_MODULE_PATH = "kvoffload.vllm"
 
-#: Every key the spec reads (docs/vllm.md says what each means).
+#: Every key the spec reads (docs/vllm.md says what each means): vLLM's, and
+#: three of its own
 EXTRA_CONFIG_KEYS = (
-    "spec_name",
-    "spec_module_path",
-    "num_cpu_blocks",
-    "block_size",
-    "eviction_policy",
+    *CPUOffloadingSpec.EXTRA_CONFIG_KEYS,
     "policy_modules",
     "admin_port",
     "lookahead",

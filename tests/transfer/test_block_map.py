@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from odd_specs import UnreadableIds, skipless
 
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import ConfigError, TransferError
@@ -399,23 +400,10 @@ def test_partial_spec_from_id_list_keeps_its_skips() -> None:
     assert load.src.tolist() == ref_rows([4, 2], 3, 1, 2)
 
 
-class UnreadableIds(CPULoadStoreSpec):
-    @property
-    def block_ids(self) -> np.ndarray:
-        raise RuntimeError("block ids lost")
-
-
-def _skipless() -> PartialCPULoadStoreSpec:
-    """A partial spec as the inherited ``from_id_list`` built it: no skips."""
-    spec = PartialCPULoadStoreSpec([0])
-    del spec.skip_first, spec.skip_last
-    return spec
-
-
 @pytest.mark.parametrize(
     ("cpu_spec", "message"),
     [
-        pytest.param(_skipless(), "skips must be ints, got skip_first=None", id="no-skips"),
+        pytest.param(skipless(), "skips must be ints, got skip_first=None", id="no-skips"),
         pytest.param(UnreadableIds([0]), "block ids lost", id="unreadable-ids"),
     ],
 )

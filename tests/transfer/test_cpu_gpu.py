@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from odd_specs import UnreadableIds, skipless
 
 from kvoffload.errors import ConfigError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
@@ -220,19 +221,6 @@ def test_cpu_gpu_non_contiguous_cache_round_trip() -> None:
     assert torch.equal(cache[[0, 1, 2]].contiguous().view(torch.uint8), expected)
 
 
-class UnreadableIds(CPULoadStoreSpec):
-    @property
-    def block_ids(self) -> np.ndarray:
-        raise RuntimeError("block ids lost")
-
-
-def _skipless() -> PartialCPULoadStoreSpec:
-    """A partial spec as the inherited ``from_id_list`` built it: no skips."""
-    spec = PartialCPULoadStoreSpec([0])
-    del spec.skip_first, spec.skip_last
-    return spec
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "spec",
@@ -250,7 +238,7 @@ def _skipless() -> PartialCPULoadStoreSpec:
             (PartialCPULoadStoreSpec([0], skip_first=2, skip_last=1), GPULoadStoreSpec([])),
             id="partial-empty",
         ),
-        pytest.param((GPULoadStoreSpec([0, 1, 2]), _skipless()), id="partial-without-skips"),
+        pytest.param((GPULoadStoreSpec([0, 1, 2]), skipless()), id="partial-without-skips"),
         pytest.param((UnreadableIds([0]), GPULoadStoreSpec([0, 1, 2])), id="unreadable-ids"),
     ],
 )
