@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import re
 from pathlib import Path
 
@@ -235,6 +236,15 @@ def test_trace_workload_is_loaded_and_looped() -> None:
     once = load_workload(Settings(workload=TRACE, loop=False))
     assert once is not None and not isinstance(once, LoopedWorkload)
     assert load_workload(Settings(workload="builtin")) is None
+
+
+def test_a_gzip_trace_workload_is_read_through(tmp_path: Path) -> None:
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(Path(TRACE).read_bytes()))
+    once = load_workload(Settings(workload=str(packed), loop=False))
+    plain = load_workload(Settings(workload=TRACE, loop=False))
+    assert once is not None and plain is not None
+    assert list(once) == list(plain)
 
 
 def test_speed_zero_means_as_fast_as_possible() -> None:
