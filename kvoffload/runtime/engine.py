@@ -66,10 +66,6 @@ _STOP = object()
 _Queued = tuple[Command, "concurrent.futures.Future[CommandResult]"]
 
 
-def _running_in_run(what: str) -> RuntimeError:
-    return RuntimeError(f"the engine is already running (in run()): {what} refused")
-
-
 class Engine:
     """Runs a workload through a GPU KV store, an offloading manager and the
     CPU<->GPU swap handler. Use :meth:`run` on the calling thread, or
@@ -254,16 +250,15 @@ class Engine:
 
     def start(self) -> None:
         """Run the loop in a background thread. :class:`RuntimeError` if it
-        was started already or runs in :meth:`run`;
-        :class:`EngineStoppedError` once it has stopped."""
+        was started already or runs in :meth:`run` or :meth:`step`;
+        :class:`EngineStoppedError` once it has stopped (or is stopping)."""
         with self._start_lock:  # two threads starting it: one loop
             if self._thread is not None:
                 raise RuntimeError("engine already started")
-            if self._state == "stopped":
-                raise EngineStoppedError("the engine has stopped; it cannot start again")
-            if not self._run_lock.acquire(blocking=False):
-                raise _running_in_run("start()")
+            self._drive("start()")
             try:
+                # set before it starts (the loop's own stop() knows itself by
+                # it); stop() reads it under the start lock, so never unstarted
                 self._thread = threading.Thread(
                     target=self._run_safely, name="kvoffload-engine", daemon=True
                 )
@@ -287,7 +282,8 @@ class Engine:
         if self._thread is me or self._runner == me.ident:
             # from the loop's own thread (an observer): it stops after this step
             return self._snapshot
-        thread = self._thread
+        with self._start_lock:  # not a thread start() is still starting
+            thread = self._thread
         if thread is None:
             if not self._run_lock.acquire(timeout=timeout):
                 logger.error("engine run() did not stop within %.1f s", timeout)
@@ -317,15 +313,7 @@ class Engine:
         for a ``max_steps`` that is not a count of at least 1."""
         if max_steps is not None and not (is_int(max_steps) and max_steps >= 1):
             raise ConfigError(f"max_steps must be None or an int >= 1, got {max_steps!r}")
-        if not self._run_lock.acquire(blocking=False):
-            raise _running_in_run("run()")
-        # checked with the lock held: start() sets the thread holding it
-        if self._thread is not None:
-            self._run_lock.release()
-            raise RuntimeError("the engine runs in its own thread (start()); use stop() to end it")
-        if self._state == "stopped":
-            self._run_lock.release()
-            raise EngineStoppedError("the engine has stopped; it cannot run again")
+        self._drive("run()")
         self._runner = threading.get_ident()
         try:
             if self._state == "created":
@@ -486,15 +474,41 @@ class Engine:
 
     def step(self) -> bool:
         """Take one engine step; ``False`` when the workload is exhausted.
-        For driving the engine by hand: :class:`EngineStoppedError` once it
-        has stopped, :class:`RuntimeError` while another thread drives it
-        (:meth:`start`, or :meth:`run` there)."""
+        For driving the engine by hand, as :meth:`run` does (``start``,
+        ``run`` and another ``step`` are refused meanwhile, and ``stop``
+        waits for it): :class:`RuntimeError` while the engine runs in
+        :meth:`start`'s thread or is driven elsewhere,
+        :class:`EngineStoppedError` once it has stopped. A :meth:`stop`
+        from an observer during the step stops the engine after it."""
+        self._drive("step()")
+        self._runner = threading.get_ident()
+        try:
+            stepped = self._step()
+            if self._stop_requested:
+                self._finish()
+            return stepped
+        finally:
+            self._runner = None
+            self._run_lock.release()
+
+    def _drive(self, what: str) -> None:
+        """Take the run lock for ``what`` (``start()``, ``run()`` or
+        ``step()``), the caller releasing it; or raise, holding nothing."""
+        if not self._run_lock.acquire(blocking=False):
+            if self._stop_requested:  # stop() holds it while it finishes
+                raise EngineStoppedError(f"the engine is stopping: {what} refused")
+            raise RuntimeError(
+                f"the engine is already running (in run() or step() elsewhere): {what} refused"
+            )
+        # with the lock held: start() makes the thread holding it
+        if self._thread is not None:
+            self._run_lock.release()
+            raise RuntimeError(
+                f"the engine runs in its own thread (start()); use stop() to end it: {what} refused"
+            )
         if self._state == "stopped":
-            raise EngineStoppedError("the engine has stopped; it takes no more steps")
-        thread, me = self._thread, threading.current_thread()
-        if (thread is not None and thread is not me) or self._runner not in (None, me.ident):
-            raise RuntimeError("the engine is driven by another thread: step() refused")
-        return self._step()
+            self._run_lock.release()
+            raise EngineStoppedError(f"the engine has stopped: {what} refused")
 
     def _step(self) -> bool:
         waiting = self._queue

@@ -276,7 +276,9 @@ def test_run_is_refused_while_the_engine_runs_elsewhere() -> None:
     engine = endless()
     thread, raised = run_in_thread(engine)
     wait_for(engine, lambda s: s.step >= 2)
-    with pytest.raises(RuntimeError, match=r"already running \(in run\(\)\): run\(\) refused"):
+    with pytest.raises(
+        RuntimeError, match=r"already running \(in run\(\) or step\(\) elsewhere\): run\(\) refused"
+    ):
         engine.run(max_steps=5)
     with pytest.raises(RuntimeError, match=r"start\(\) refused"):
         engine.start()
@@ -289,7 +291,7 @@ def test_a_stopped_engine_does_not_run_again() -> None:
     engine = endless()
     engine.run(max_steps=3)
     engine.stop(timeout=TIMEOUT)
-    with pytest.raises(EngineStoppedError, match="cannot run again"):
+    with pytest.raises(EngineStoppedError, match=r"has stopped: run\(\) refused"):
         engine.run(max_steps=5)
     assert (engine.state, engine.snapshot().step) == ("stopped", 3)
 
@@ -407,16 +409,19 @@ def test_two_threads_starting_an_engine_start_one_loop() -> None:
 def test_a_stopped_engine_neither_starts_nor_steps() -> None:
     engine = endless()
     engine.stop(timeout=TIMEOUT)
-    with pytest.raises(EngineStoppedError, match="cannot start again"):
+    with pytest.raises(EngineStoppedError, match=r"has stopped: start\(\) refused"):
         engine.start()
-    with pytest.raises(EngineStoppedError, match="takes no more steps"):
+    with pytest.raises(EngineStoppedError, match=r"has stopped: step\(\) refused"):
         engine.step()
     assert engine.snapshot().step == 0
 
 
 def test_step_by_hand_is_refused_while_the_thread_drives(engine: Engine) -> None:
     engine.start()
-    with pytest.raises(RuntimeError, match=r"driven by another thread: step\(\) refused"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"runs in its own thread \(start\(\)\); use stop\(\) to end it: step\(\) refused",
+    ):
         engine.step()
 
 
@@ -441,3 +446,87 @@ def test_run_refuses_a_step_count_that_is_not_one(max_steps: object) -> None:
     with pytest.raises(ConfigError, match="max_steps must be None or an int >= 1"):
         engine.run(max_steps=max_steps)  # type: ignore[arg-type]
     assert engine.state == "created"
+
+
+def test_a_step_by_hand_excludes_the_other_drivers_and_stop_waits_for_it() -> None:
+    # step() checked the others but took nothing: start() or run() on another
+    # thread ran a second step over the same queues, and stop() ended the
+    # engine in the middle of the step (a review found it)
+    inside, release = threading.Event(), threading.Event()
+
+    class Holds(EngineObserver):
+        def step_started(self, step: int, start_ns: int) -> None:
+            inside.set()
+            release.wait(TIMEOUT)
+
+    engine = Engine(config(), endless_workload(), [Holds()])
+    stepped: list[bool] = []
+    hand = threading.Thread(target=lambda: stepped.append(engine.step()))
+    hand.start()
+    assert inside.wait(TIMEOUT)
+    try:
+        with pytest.raises(RuntimeError, match=r"step\(\) elsewhere\): start\(\) refused"):
+            engine.start()
+        with pytest.raises(RuntimeError, match=r"step\(\) elsewhere\): run\(\) refused"):
+            engine.run(max_steps=1)
+        stopper = threading.Thread(target=engine.stop)
+        stopper.start()
+        stopper.join(0.3)
+        assert stopper.is_alive() and engine.state != "stopped"  # it waits for the step
+    finally:
+        release.set()
+    hand.join(TIMEOUT)
+    stopper.join(TIMEOUT)
+    assert stepped == [True] and engine.state == "stopped" and engine.snapshot().step == 1
+
+
+def test_stop_while_start_is_starting_the_thread_joins_it() -> None:
+    # stop() read the thread start() had made but not started yet:
+    # "cannot join thread before it is started" (a review found it)
+    engine = endless()
+    publishing, go_on = threading.Event(), threading.Event()
+    publish = engine._publish
+
+    def slow_publish() -> None:
+        if threading.current_thread().name == "starter" and not publishing.is_set():
+            publishing.set()
+            go_on.wait(TIMEOUT)
+        publish()
+
+    engine._publish = slow_publish  # type: ignore[method-assign]
+    starter = threading.Thread(target=engine.start, name="starter")
+    starter.start()
+    assert publishing.wait(TIMEOUT)
+    stopped: list[EngineSnapshot] = []
+    stopper = threading.Thread(target=lambda: stopped.append(engine.stop(timeout=TIMEOUT)))
+    stopper.start()
+    go_on.set()
+    starter.join(TIMEOUT)
+    stopper.join(TIMEOUT)
+    assert [s.state for s in stopped] == ["stopped"]
+
+
+def test_start_while_another_thread_stops_says_it_is_stopping() -> None:
+    # it said "already running (in run())" (a review found it)
+    engine = endless()
+    draining, go_on = threading.Event(), threading.Event()
+    drain = engine._jobs.drain
+
+    def slow_drain() -> None:
+        draining.set()
+        go_on.wait(TIMEOUT)
+        drain()
+
+    engine._jobs.drain = slow_drain  # type: ignore[method-assign]
+    stopper = threading.Thread(target=engine.stop)
+    stopper.start()
+    assert draining.wait(TIMEOUT)
+    try:
+        with pytest.raises(EngineStoppedError, match=r"stopping: start\(\) refused"):
+            engine.start()
+        with pytest.raises(EngineStoppedError, match=r"stopping: run\(\) refused"):
+            engine.run(max_steps=1)
+    finally:
+        go_on.set()
+    stopper.join(TIMEOUT)
+    assert engine.state == "stopped"
