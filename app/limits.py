@@ -19,10 +19,14 @@ headers, and for its body (and HEAD, answered as GET without a body).
   deadline (a client trickling one header line at a time holds nothing for
   long). The clock starts when the connection opens, and again when an
   answer is complete and the connection waits for its next request. A
-  request line and headers larger than ``max_bytes`` are answered 431 and
-  the connection closes (the parser kept them all in memory: one 62 MiB
-  header, or 2,000,000 header lines, were taken). What its parser refuses
-  as HTTP is answered 400 in the API's error shape.
+  request line and headers larger than ``max_bytes`` (the target, and each
+  header's name and value plus 4 bytes, however the reads split them) are
+  answered 431 and the connection closes; one still arriving is refused
+  once the bytes read pass the cap, so the parser never holds much more
+  (it kept them all: one 62 MiB header, or 2,000,000 header lines, were
+  taken). What its parser refuses as HTTP is answered 400 in the API's
+  error shape. A refusal of a request pipelined behind others goes out
+  after their answers (HTTP/1.1 answers in order).
 """
 
 from __future__ import annotations
@@ -141,6 +145,15 @@ async def _answer(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _too_large_head(max_bytes: int) -> tuple[bytes, str, str]:
+    return (
+        b"431 Request Header Fields Too Large",
+        "headers_too_large",
+        f"the request line and headers are larger than {max_bytes} bytes, "
+        "the most this service accepts; the connection closes",
+    )
+
+
 def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Protocol]:
     """An httptools protocol class for ``uvicorn.Config(http=...)`` that closes
     a connection whose request line and headers take longer than ``timeout``
@@ -151,28 +164,29 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
         #: bytes received since the deadline was armed (a request's line
         #: and headers, and what came in the same reads)
         _head_bytes = 0
+        #: the request's target and header fields, as parsed
+        _fields = 0
         #: what to answer instead of the parser's 400: (status, code, message)
         _refusal: tuple[bytes, str, str] | None = None
+        #: a refusal waiting for the answers before it (HTTP/1.1 answers in order)
+        _deferred: bytes | None = None
 
         def data_received(self, data: bytes) -> None:
+            if self._deferred is not None:
+                return  # the connection closes once the answers before it are out
             if self._header_deadline is not None:
                 self._head_bytes += len(data)
             super().data_received(data)
-            # still waiting for the end of the headers: counted in whole
-            # reads (at most one read past the cap), a body in the read
-            # that completed them not held against them
+            # still waiting for the end of the headers: the bytes read so far
+            # bound what the parser holds (a head that ends in this read is
+            # measured by its fields, in on_headers_complete)
             if (
                 self._header_deadline is not None
                 and self._head_bytes > max_bytes
                 and not self.transport.is_closing()
             ):
                 self._disarm()
-                self._refuse(
-                    b"431 Request Header Fields Too Large",
-                    "headers_too_large",
-                    f"the request line and headers are larger than {max_bytes} bytes, "
-                    "the most this service accepts; the connection closes",
-                )
+                self._refuse(*_too_large_head(max_bytes))
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -180,13 +194,24 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._fields = 0
             if self._header_deadline is None:
                 self._arm()  # a new request, pipelined behind the last one
+
+        def on_url(self, url: bytes) -> None:
+            self._fields += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._fields += len(name) + len(value) + 4  # ": " and CRLF
+            super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
             self._disarm()  # its headers are in
             version = self.parser.get_http_version()
-            if version not in ("1.0", "1.1"):
+            if self._fields > max_bytes:  # however the reads split it
+                self._refusal = _too_large_head(max_bytes)
+            elif version not in ("1.0", "1.1"):
                 self._refusal = (
                     b"505 HTTP Version Not Supported",
                     "http_version_not_supported",
@@ -206,6 +231,10 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            if self._deferred is not None:
+                if self._answered():  # the last answer before the refusal
+                    self._close_with(self._deferred)
+                return
             # Waiting for a request again, unless a pipelined one (headers in)
             # was started; one still arriving keeps the deadline it has.
             if self._idle() and self._header_deadline is None and not self.transport.is_closing():
@@ -235,6 +264,10 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
         def _idle(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
 
+        def _answered(self) -> bool:
+            """Every request before this point has its answer out."""
+            return self._idle() and not self.pipeline
+
         def send_400_response(self, msg: str) -> None:
             # what the HTTP parser refuses (a bad request line, two
             # Content-Lengths, bare LF line ends) gets the API's error shape
@@ -250,12 +283,23 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
             )
 
         def _refuse(self, status: bytes, code: str, message: str) -> None:
-            """Answer in the API's error shape, before any route, and close."""
+            """Answer in the API's error shape, before any route, and close;
+            after the answers of the requests before it, when some are still
+            being made (one sent now would be read as theirs)."""
+            if self._deferred is not None or self.transport.is_closing():
+                return
             body = json.dumps({"error": {"code": code, "message": message}}).encode()
-            self.transport.write(
+            answer = (
                 b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
             )
+            if self._answered():
+                self._close_with(answer)
+            else:
+                self._deferred = answer
+
+        def _close_with(self, answer: bytes) -> None:
+            self.transport.write(answer)
             self.transport.close()
 
     return HeaderTimeoutProtocol

@@ -634,6 +634,11 @@ def test_request_headers_over_the_cap_are_a_431_and_the_connection_closes(
             server.port, head(*(b"X-A: 1\r\n" for _ in range(20_000)))
         ),
         "five 16 KiB headers": send_head(server.port, head(*(big + b"\r\n" for _ in range(5)))),
+        # in one write, its end in the same read as the cap's crossing: it was
+        # served (the cap looked only at heads still incomplete after a read)
+        "a 100,000-byte head in one write": raw_request(
+            server.port, b"".join(head(b"X-Big: " + b"a" * 100_000 + b"\r\n"))
+        ),
     }
     for what, answer in answers.items():
         assert status_of(answer) == 431, (what, answer[:300])
@@ -649,6 +654,37 @@ def test_request_headers_over_the_cap_are_a_431_and_the_connection_closes(
     metrics = httpx.get(f"{server.base}/metrics", headers=READ, timeout=10).text
     assert 'kvoffload_api_requests_total{name="GET /livez",outcome="200"}' in metrics
     assert 'outcome="431"' not in metrics
+
+
+@pytest.mark.parametrize(
+    ("refused", "status"),
+    [
+        (b"GET /livez HTTP/1.1\r\n\r\n", 400),  # no Host
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+    ],
+    ids=["no-host", "too-large"],
+)
+def test_a_refused_request_is_answered_after_the_requests_before_it(
+    server: Served, refused: bytes, status: int
+) -> None:
+    # HTTP/1.1 answers in order: the refusal was written at once, in place of
+    # the answer to the valid request before it, which was never sent (a
+    # review found it)
+    stream = (
+        f"GET /v1/events/stream?after_seq=0&limit=3 HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: {READ['Authorization']}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(stream + refused)
+        answer = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    first, _, rest = answer.partition(b"\r\n\r\n")
+    assert status_of(first) == 200, answer[:300]
+    end = rest.find(b"\r\n0\r\n\r\n")  # the stream's last chunk
+    assert end >= 0 and b"id: " in rest[:end], rest[:300]  # its records, then its end
+    assert status_of(rest[end + len(b"\r\n0\r\n\r\n") :]) == status, rest[-400:]
 
 
 def test_head_is_get_without_the_body(server: Served) -> None:
