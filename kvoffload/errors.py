@@ -35,9 +35,11 @@ class PolicyContractError(KVOffloadError, RuntimeError):
     """An eviction policy of one's own answered what its contract forbids
     (victims repeated, too many or too few, protected or still resident; a
     store admitted past its length). The message names the policy and the
-    breach. The manager checked before freeing anything, but the policy
-    already changed the table: a manager that raised it is not to be used
-    again (the policy is to be fixed)."""
+    breach. The manager checked before freeing anything; after a breach by
+    ``evict`` the policy has already changed the table, and the message says
+    the manager is not to be used again (the policy is to be fixed), after
+    one by ``admit``, or ``evict`` answering ``None`` at a clear, nothing
+    was changed."""
 
 
 class TransferError(KVOffloadError, RuntimeError):

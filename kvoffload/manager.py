@@ -247,7 +247,9 @@ class PolicyOffloadingManager(OffloadingManager):
         ):
             keep = self._admit(to_store, n_evict, named)
             if not self._trusted and not (type(keep) is int and 0 <= keep <= absent):
-                raise self._breach(f"admit answered {keep!r}, not an int from 0 to {absent}")
+                raise self._breach(
+                    f"admit answered {keep!r}, not an int from 0 to {absent}", changed=False
+                )
             if keep < absent:
                 to_store = to_store[:keep]
                 n_evict -= absent - keep
@@ -323,10 +325,17 @@ class PolicyOffloadingManager(OffloadingManager):
             )
         raise self._breach(f"evict answered {problem}")
 
-    def _breach(self, problem: str) -> PolicyContractError:
+    def _breach(self, problem: str, *, changed: bool = True) -> PolicyContractError:
+        """The error for a policy's answer out of contract; ``changed``: the
+        policy changed the table before it answered."""
+        after = (
+            "this manager is not to be used again"
+            if changed
+            else "nothing was changed, the manager works on"
+        )
         return PolicyContractError(
             f"eviction policy {self._policy.name!r} broke its contract: {problem} "
-            "(see docs/writing-a-policy.md); this manager is not to be used again"
+            f"(see docs/writing-a-policy.md); {after}"
         )
 
     def complete_store(self, block_hashes: Iterable[BlockHash], success: bool = True) -> None:
@@ -481,8 +490,12 @@ class PolicyOffloadingManager(OffloadingManager):
             victims = (
                 policy.evict(evictable, ()) if self._trusted else self._checked_evict(evictable, ())
             )
-            if victims is None:
-                raise self._breach(f"evict answered None for {evictable} unprotected idle blocks")
+            if victims is None:  # nothing removed, or _checked_evict said so
+                raise self._breach(
+                    f"evict answered None at a clear, which evicts every idle block "
+                    f"({evictable}, none protected)",
+                    changed=False,
+                )
             evicted, freed = victims
             self.backend.free_handles(freed)
         policy.clear_ghosts()

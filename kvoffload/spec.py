@@ -43,7 +43,8 @@ def _positive_int(name: str, value: object) -> int:
     ``"64"``; not ``"٦٤"``, which ``int()`` would take too)."""
     if isinstance(value, str):
         text = value.strip().removeprefix("+")
-        if text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS:
+        # leading zeros do not count against the length ("0064" is 64)
+        if text.isascii() and text.isdigit() and len(text.lstrip("0")) <= _MAX_DIGITS:
             value = int(text)
     if not is_int(value) or value <= 0:
         shown = (
@@ -183,7 +184,8 @@ class CPUOffloadingSpec(OffloadingSpec):
     """Offload to CPU memory: a :class:`CPUBackend` manager and a
     :class:`~kvoffload.transfer.CpuGpuOffloadingHandler` for both directions."""
 
-    #: the keys of ``kv_connector_extra_config`` this spec reads (vLLM's)
+    #: the keys of ``kv_connector_extra_config`` this spec reads (vLLM's);
+    #: others are refused, so a subclass that reads keys of its own adds them
     EXTRA_CONFIG_KEYS = (
         "spec_name",
         "spec_module_path",

@@ -25,8 +25,12 @@ class FaultInjectingHandler(OffloadingHandler):
     ``seed`` that is not an int raises :class:`~kvoffload.errors.ConfigError`."""
 
     def __init__(self, inner: OffloadingHandler, rate: float, seed: int = 0) -> None:
-        if not isinstance(inner, OffloadingHandler):
-            raise ConfigError(f"inner must be an OffloadingHandler, got a {type(inner).__name__}")
+        # duck-typed, as OffloadingWorker takes handlers (vLLM's own included)
+        if not all(callable(getattr(inner, m, None)) for m in ("transfer_async", "get_finished")):
+            raise ConfigError(
+                "inner must be a handler (transfer_async and get_finished), "
+                f"got a {type(inner).__name__}"
+            )
         if not (is_number(rate) and 0.0 <= rate <= 1.0):
             raise ConfigError(f"failure rate must be a number in [0, 1], got {rate!r}")
         if not is_int(seed):

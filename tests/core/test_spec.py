@@ -117,7 +117,7 @@ def test_offloading_config_from_vllm_style_config_errors(config: Any, message: s
         OffloadingConfig.from_vllm_config(config)
 
 
-@pytest.mark.parametrize("text", ["64", " 64", "+64", "0064"])
+@pytest.mark.parametrize("text", ["64", " 64", "+64", "0064", "0" * 30 + "64"])
 def test_a_vllm_style_config_reads_counts_from_ascii_digits(text: str) -> None:
     # as vLLM's int() reads them (docs/library.md)
     config = OffloadingConfig.from_vllm_config(

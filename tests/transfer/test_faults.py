@@ -72,6 +72,18 @@ def test_settings_of_the_wrong_type_are_refused(args: tuple[object, ...], messag
         FaultInjectingHandler(_inner(), *args)  # type: ignore[arg-type]
 
 
-def test_inner_must_be_a_handler() -> None:
-    with pytest.raises(ConfigError, match="inner must be an OffloadingHandler, got a bool"):
+def test_inner_must_be_a_handler_duck_typed_or_not() -> None:
+    with pytest.raises(ConfigError, match=r"inner must be a handler .*, got a bool"):
         FaultInjectingHandler(True, 0.5)  # type: ignore[arg-type]
+
+    class Duck:  # not kvoffload's OffloadingHandler (vLLM's, say): taken, as the worker takes it
+        def __init__(self) -> None:
+            self.inner = _inner()
+
+        def transfer_async(self, job_id: int, spec: object) -> bool:
+            return self.inner.transfer_async(job_id, spec)  # type: ignore[arg-type]
+
+        def get_finished(self) -> list[tuple[int, bool]]:
+            return self.inner.get_finished()
+
+    assert FaultInjectingHandler(Duck(), 0.5).rate == 0.5  # type: ignore[arg-type]
