@@ -11,11 +11,13 @@ Starts ``kvoffload serve`` on loopback with an event log of 20,000 records,
 lets the built-in workload fill it, pauses the engine (the pages are then
 the same every time), and alternates windows: **idle** (``/livez`` probed
 every 50 ms, nothing else) and **readers** (the same probes while
-``--readers`` threads each loop ``GET /v1/events?limit=10000``). Prints the
+``--readers`` threads each loop ``GET /v1/events?limit=10000``; ``--events``
+sets the log's size, a page being half of it). Prints the
 probes' median, p99 and max latency in each, and the readers' pages per
 second; ratios are loaded / idle of the same run (the machine is shared).
 
     .venv/bin/python bench/event_readers.py [--readers 60] [--cycles 3] [--window 5]
+        [--events 20000]
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-admin-token"
 
 
-def serve(port: int) -> subprocess.Popen[bytes]:
+def serve(port: int, events: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVOFFLOAD_")}
     env.update({"KVOFFLOAD_ADMIN_TOKEN": TOKEN, "PYTHONPATH": str(ROOT)})
     argv = [sys.executable, "-m", "kvoffload.cli", "serve", "--port", str(port), "--speed", "0",
-            "--event-log-capacity", "20000", "--device", "cpu"]  # fmt: skip
+            "--event-log-capacity", str(events), "--device", "cpu"]  # fmt: skip
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -70,15 +72,22 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=60, help="concurrent page readers")
     parser.add_argument("--cycles", type=int, default=3, help="idle/readers window pairs")
     parser.add_argument("--window", type=float, default=5.0, help="seconds per window")
+    parser.add_argument(
+        "--events", type=int, default=20000, help="event log size; a page is half of it"
+    )
     args = parser.parse_args()
     port = 18000 + os.getpid() % 1000
     base = f"http://127.0.0.1:{port}"
-    proc = serve(port)
+    page = args.events // 2
+    proc = serve(port, args.events)
     try:
         deadline = time.monotonic() + 120
         while True:
             try:
-                if httpx.get(f"{base}/v1/cache", timeout=2).json()["events"]["buffered"] >= 20000:
+                if (
+                    httpx.get(f"{base}/v1/cache", timeout=2).json()["events"]["buffered"]
+                    >= args.events
+                ):
                     break
             except (httpx.TransportError, KeyError):
                 pass
@@ -87,8 +96,8 @@ def main() -> int:
             time.sleep(0.5)
         headers = {"Authorization": f"Bearer {TOKEN}"}
         httpx.post(f"{base}/v1/runtime:pause", headers=headers, timeout=30).raise_for_status()
-        size = len(httpx.get(f"{base}/v1/events?limit=10000", timeout=60).content)
-        print(f"a page: 10000 events, {size / 1e6:.1f} MB; {args.readers} readers")
+        size = len(httpx.get(f"{base}/v1/events?limit={page}", timeout=60).content)
+        print(f"a page: {page} events, {size / 1e6:.1f} MB; {args.readers} readers")
         idle: list[float] = []
         loaded: list[float] = []
         pages = 0
@@ -103,7 +112,7 @@ def main() -> int:
                 with httpx.Client(base_url=base, timeout=120) as client:
                     while not stop.is_set():
                         try:
-                            client.get("/v1/events?limit=10000")
+                            client.get(f"/v1/events?limit={page}")
                             counts[i] += 1
                         except httpx.HTTPError:
                             errors.append(i)
