@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from kvoffload._checks import abridged
+from kvoffload._checks import abridged, described
 from kvoffload._version import __version__
 from kvoffload.errors import KVOffloadError
 from kvoffload.runtime.trace import DEFAULT_TRACE_BLOCK_SIZE
@@ -383,13 +383,8 @@ def _build_policies(policies: Sequence[str], capacities: Sequence[int], block_si
                 PolicyOffloadingManager(CPUBackend(block_size, capacity), policy=policy)
             except Exception as exc:  # any failure of a policy's code, one's own included
                 raise UsageError(
-                    f"policy {policy!r} cannot be built for {capacity} blocks: {_describe(exc)}"
+                    f"policy {policy!r} cannot be built for {capacity} blocks: {described(exc)}"
                 ) from exc
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message``, or ``Type`` alone for an exception with no message."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _check_trace_path(path: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
-from kvoffload._checks import is_int
+from kvoffload._checks import check_int, is_int
 from kvoffload.abstract import BlockHash, OffloadingEvent
 from kvoffload.errors import ConfigError
 
@@ -164,8 +164,7 @@ class EventLog:
         :attr:`last_seq` (one kept from another run of the log: following
         the page it would get would skip every record up to it) and for
         arguments that are not ints in range."""
-        if not is_int(after_seq) or after_seq < 0:
-            raise ConfigError(f"after_seq must be an int >= 0, got {after_seq!r}")
+        check_int("after_seq", after_seq, 0)
         if limit is not None and (not is_int(limit) or limit <= 0):
             raise ConfigError(f"limit must be a positive int, got {limit!r}")
         # last_seq first: a record appended after it cannot be taken for gone

@@ -43,7 +43,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import TypeVar
 
-from kvoffload._checks import abridged, is_int
+from kvoffload._checks import abridged, described, is_int
 from kvoffload.abstract import BlockHash, OffloadingManager, SupportsHints
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError, KVOffloadError
@@ -197,10 +197,9 @@ class ReplayError(KVOffloadError, RuntimeError):
         self.trace = trace
         self.capacity = capacity
         self.request = request
-        described = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         super().__init__(
             f"policy {policy!r} failed on trace {trace} (capacity {capacity} blocks) at request "
-            f"{request}: {described}"
+            f"{request}: {described(error)}"
         )
 
 

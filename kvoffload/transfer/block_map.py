@@ -35,9 +35,9 @@ from typing import Any, Literal, Self
 import numpy as np
 import numpy.typing as npt
 
-from kvoffload._checks import is_int
+from kvoffload._checks import check_int, is_int
 from kvoffload.abstract import LoadStoreSpec
-from kvoffload.errors import ConfigError, TransferError
+from kvoffload.errors import TransferError
 from kvoffload.mediums import CPULoadStoreSpec
 
 logger = logging.getLogger(__name__)
@@ -78,15 +78,15 @@ class PartialCPULoadStoreSpec(CPULoadStoreSpec):
         skip_last: int = 0,
     ) -> None:
         super().__init__(block_ids)
-        self.skip_first = _skip("skip_first", skip_first)
-        self.skip_last = _skip("skip_last", skip_last)
+        self.skip_first = check_int("skip_first", skip_first, 0)
+        self.skip_last = check_int("skip_last", skip_last, 0)
 
     @classmethod
     def from_id_list(cls, block_ids: list[int], *, skip_first: int = 0, skip_last: int = 0) -> Self:
         """:meth:`CPULoadStoreSpec.from_id_list
         <kvoffload.mediums.BlockIDsLoadStoreSpec.from_id_list>` with the skips
         of the constructor."""
-        first, last = _skip("skip_first", skip_first), _skip("skip_last", skip_last)
+        first, last = check_int("skip_first", skip_first, 0), check_int("skip_last", skip_last, 0)
         spec = super().from_id_list(block_ids)
         spec.skip_first, spec.skip_last = first, last
         return spec
@@ -96,12 +96,6 @@ class PartialCPULoadStoreSpec(CPULoadStoreSpec):
             f"{type(self).__name__}({self.block_ids.tolist()!r}, "
             f"skip_first={self.skip_first}, skip_last={self.skip_last})"
         )
-
-
-def _skip(name: str, value: object) -> int:
-    if not is_int(value) or value < 0:
-        raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
-    return value
 
 
 def expand_block_ids(

@@ -28,7 +28,7 @@ from typing import Literal
 
 import torch
 
-from kvoffload._checks import is_int
+from kvoffload._checks import check_int, is_int
 from kvoffload.errors import ConfigError
 from kvoffload.transfer.block_map import TransferPlan, admit_job, consecutive_runs
 from kvoffload.transfer.host_copy import HostCopier, RowPair
@@ -54,14 +54,9 @@ def default_max_cpu_bytes() -> int | None:
     return int(total * DEFAULT_RAM_FRACTION) if total > 0 else None
 
 
-def _check_count(name: str, value: object) -> None:
-    if not is_int(value) or value < 1:
-        raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-
-
 def _block_factor(gpu_block_size: int, cpu_block_size: int) -> int:
-    _check_count("gpu_block_size", gpu_block_size)
-    _check_count("cpu_block_size", cpu_block_size)
+    check_int("gpu_block_size", gpu_block_size, 1)
+    check_int("cpu_block_size", cpu_block_size, 1)
     if cpu_block_size % gpu_block_size:
         raise ConfigError(
             f"cpu_block_size ({cpu_block_size}) must be a positive multiple of "
@@ -180,7 +175,7 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         and if allocating the mirror fails.
         """
         self.block_size_factor = _block_factor(gpu_block_size, cpu_block_size)
-        _check_count("num_cpu_blocks", num_cpu_blocks)
+        check_int("num_cpu_blocks", num_cpu_blocks, 1)
         if not (max_cpu_bytes in (None, "auto") or (is_int(max_cpu_bytes) and max_cpu_bytes >= 0)):
             raise ConfigError(
                 f"max_cpu_bytes must be 'auto', None or an int >= 0, got {max_cpu_bytes!r}"
@@ -298,7 +293,7 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         """Bytes the mirror of ``gpu_caches`` would take; allocates nothing.
         Raises :class:`~kvoffload.errors.ConfigError` like the constructor."""
         factor = _block_factor(gpu_block_size, cpu_block_size)
-        _check_count("num_cpu_blocks", num_cpu_blocks)
+        check_int("num_cpu_blocks", num_cpu_blocks, 1)
         _check_caches(gpu_caches)
         _, n_gpu = _resolve(gpu_caches, layouts, num_gpu_blocks, attn_backends)
         per_block = sum(t.numel() // n_gpu * t.element_size() for t in gpu_caches.values())

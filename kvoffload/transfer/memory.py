@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvoffload._checks import is_int, is_number
+from kvoffload._checks import check_int, is_int, is_number
 from kvoffload.errors import ConfigError
 from kvoffload.transfer.block_map import TransferPlan, admit_job
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
@@ -38,11 +38,6 @@ class _PendingJob:
     # copy engine reads the source in stream order, not when polled.
     to_gpu: bool
     writes: dict[int, bytes | None]
-
-
-def _check_polls(name: str, polls: object) -> None:
-    if not is_int(polls) or polls < 0:
-        raise ConfigError(f"{name} must be an int >= 0, got {polls!r}")
 
 
 class InMemoryOffloadingHandler(OffloadingHandler):
@@ -77,14 +72,13 @@ class InMemoryOffloadingHandler(OffloadingHandler):
         :class:`~kvoffload.errors.ConfigError`: counts are ints
         (``block_size_factor`` and block counts >= 1, ``delay_polls`` >= 0),
         ``failure_rate`` a number in [0, 1], flags bools."""
-        if not is_int(block_size_factor) or block_size_factor < 1:
-            raise ConfigError(f"block_size_factor must be an int >= 1, got {block_size_factor!r}")
+        check_int("block_size_factor", block_size_factor, 1)
         for name, count in (("num_gpu_blocks", num_gpu_blocks), ("num_cpu_blocks", num_cpu_blocks)):
             if count is not None and (not is_int(count) or count < 1):
                 raise ConfigError(f"{name} must be None or an int >= 1, got {count!r}")
         if not (is_number(failure_rate) and 0.0 <= failure_rate <= 1.0):
             raise ConfigError(f"failure_rate must be a number in [0, 1], got {failure_rate!r}")
-        _check_polls("delay_polls", delay_polls)
+        check_int("delay_polls", delay_polls, 0)
         if not is_int(seed):
             raise ConfigError(f"seed must be an int, got {seed!r}")
         for name, flag in (("refuse_all", refuse_all), ("strict", strict)):
@@ -121,7 +115,7 @@ class InMemoryOffloadingHandler(OffloadingHandler):
     def delay_job(self, job_id: int, polls: int) -> None:
         """Hold ``job_id`` back for ``polls`` calls of :meth:`get_finished`
         (an int >= 0, else :class:`~kvoffload.errors.ConfigError`)."""
-        _check_polls("polls", polls)
+        check_int("polls", polls, 0)
         self._job_delays[job_id] = polls
 
     # -- contents -------------------------------------------------------
