@@ -517,6 +517,17 @@ register_policy("notapolicy", f"{__name__}:NotAPolicy")
 """
 
 
+def replay_own(
+    path: Path, policies: str, capacity: str, limit: str, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``kvoffload replay`` of the synthetic trace with ``own_policies``
+    imported from ``path``."""
+    return kvoffload(
+        "replay", SYNTHETIC, "--import", "own_policies", "--policy", policies,
+        "--capacity", capacity, "--limit", limit, *extra, path=path,
+    )  # fmt: skip
+
+
 @pytest.fixture
 def own_policies(tmp_path: Path) -> Path:
     """A folder holding ``own_policies.py``, which registers broken policies."""
@@ -529,11 +540,9 @@ def test_cli_a_policy_that_raises_is_named_and_the_others_still_print(
     own_policies: Path, json_output: bool
 ) -> None:
     # once a traceback, and the runs already done lost
-    done = kvoffload(
-        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "lru,explodes,arc",
-        "--capacity", "10,20", "--limit", "300", *(["--json"] if json_output else []),
-        path=own_policies,
-    )  # fmt: skip
+    done = replay_own(
+        own_policies, "lru,explodes,arc", "10,20", "300", *(["--json"] if json_output else [])
+    )
     assert done.returncode == 1
     assert re.fullmatch(
         r"kvoffload replay: error: policy 'explodes' failed on trace "
@@ -552,10 +561,7 @@ def test_cli_a_policy_that_raises_is_named_and_the_others_still_print(
 
 
 def test_cli_each_failed_policy_is_one_line_in_command_line_order(own_policies: Path) -> None:
-    done = kvoffload(
-        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "alsoexplodes,lru,explodes",
-        "--capacity", "10", "--limit", "300", path=own_policies,
-    )  # fmt: skip
+    done = replay_own(own_policies, "alsoexplodes,lru,explodes", "10", "300")
     assert done.returncode == 1
     lines = done.stderr.splitlines()
     assert [line.split("'")[1] for line in lines] == ["alsoexplodes", "explodes"], lines
@@ -565,10 +571,7 @@ def test_cli_each_failed_policy_is_one_line_in_command_line_order(own_policies: 
 
 def test_cli_a_contract_breach_is_reported_like_any_failure(own_policies: Path) -> None:
     # the manager's own refusal (PolicyContractError) goes the same way
-    done = kvoffload(
-        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "repeats,lru",
-        "--capacity", "10", "--limit", "300", path=own_policies,
-    )  # fmt: skip
+    done = replay_own(own_policies, "repeats,lru", "10", "300")
     assert done.returncode == 1
     assert re.fullmatch(
         r"kvoffload replay: error: policy 'repeats' failed on trace \S+ \(capacity 10 "
@@ -581,10 +584,7 @@ def test_cli_a_contract_breach_is_reported_like_any_failure(own_policies: Path) 
 
 def test_cli_every_policy_is_built_at_every_capacity_first(own_policies: Path) -> None:
     # built at 10 blocks it works; at 20 its constructor raises: nothing runs
-    done = kvoffload(
-        "replay", SYNTHETIC, "--import", "own_policies", "--policy", "lru,bigonly",
-        "--capacity", "10,20", "--limit", "100", path=own_policies,
-    )  # fmt: skip
+    done = replay_own(own_policies, "lru,bigonly", "10,20", "100")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (
         "kvoffload replay: error: policy 'bigonly' cannot be built for 20 blocks: "
@@ -625,10 +625,7 @@ def test_cli_a_policy_that_cannot_be_built_is_refused_before_any_replay(
     own_policies: Path, policy: str, expected: str
 ) -> None:
     # once a traceback after the other policies' runs, whose results were lost
-    done = kvoffload(
-        "replay", SYNTHETIC, "--import", "own_policies", "--policy", f"lru,{policy}",
-        "--capacity", "10", "--limit", "100", path=own_policies,
-    )  # fmt: skip
+    done = replay_own(own_policies, f"lru,{policy}", "10", "100")
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"kvoffload replay: error: {expected}\n"
 
