@@ -113,8 +113,12 @@ def load_mooncake_trace(
     previous_ms: float = -math.inf
     try:
         with trace.open("rb") as raw:
-            # a gzip file is read through (peek, not seek: a FIFO reads once)
-            source = gzip.GzipFile(fileobj=raw) if raw.peek(2)[:2] == _GZIP_MAGIC else raw
+            # a gzip file is read through; its first bytes are read, not
+            # sought back to (a FIFO reads once), and put back in front
+            head = raw.read(len(_GZIP_MAGIC))
+            source: io.BufferedReader | gzip.GzipFile = io.BufferedReader(_Prefixed(head, raw))
+            if head == _GZIP_MAGIC:
+                source = gzip.GzipFile(fileobj=source)
             lines = io.TextIOWrapper(source, encoding="utf-8")
             for line_no, line in enumerate(lines, start=1):
                 if limit is not None and len(requests) >= limit:
@@ -144,6 +148,27 @@ def load_mooncake_trace(
     if not requests and limit != 0:
         raise WorkloadError(f"{trace}: no requests (the file is empty or only blank lines)")
     return TraceWorkload(requests, name=trace.name, trace_block_size=trace_block_size)
+
+
+class _Prefixed(io.RawIOBase):
+    """``head``, then the rest of ``stream``: the bytes read to tell a gzip
+    file from text, put back. (A peek could not do it: on a pipe it returns
+    what one read gave, which may be a single byte.)"""
+
+    def __init__(self, head: bytes, stream: io.BufferedIOBase) -> None:
+        self._head, self._stream = head, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        head = self._head
+        if not head:
+            return self._stream.readinto(buffer)
+        n = min(len(buffer), len(head))
+        buffer[:n] = head[:n]
+        self._head = head[n:]
+        return n
 
 
 def _parse_line(trace: Path, line_no: int, line: str, request_id: int) -> Request:

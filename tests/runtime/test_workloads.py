@@ -7,7 +7,10 @@ import gzip
 import itertools
 import json
 import math
+import os
 import re
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -146,6 +149,34 @@ def test_load_trace_reads_a_gzip_file_through(tmp_path: Path) -> None:
     broken.write_bytes(packed.read_bytes()[:300])
     with pytest.raises(WorkloadError, match=r"broken\.jsonl\.gz: not a readable gzip file"):
         load_mooncake_trace(broken)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("packed", [True, False], ids=["gzip", "text"])
+def test_load_trace_tells_gzip_from_text_when_a_pipe_gives_one_byte_first(
+    tmp_path: Path, packed: bool
+) -> None:
+    # the check peeked at what one read gave: a writer that delivered the
+    # first byte alone made a gzip stream "not a UTF-8 text file"
+    text = (TRACES / "mooncake_synthetic_trace.jsonl").read_bytes()[:20_000].rsplit(b"\n", 1)[0]
+    data = gzip.compress(text) if packed else text
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with fifo.open("wb", buffering=0) as pipe:
+            pipe.write(data[:1])
+            time.sleep(0.2)  # the reader's first read returns the one byte
+            pipe.write(data[1:])
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    streamed = list(load_mooncake_trace(fifo))
+    writer.join(5)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(text)
+    assert streamed == list(load_mooncake_trace(plain))
+    assert len(streamed) > 10
 
 
 # --------------------------------------------------------------------------- block mapping
