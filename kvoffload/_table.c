@@ -3405,35 +3405,63 @@ BT_next_uses(BlockTable *t, PyObject *hashes)
 }
 
 static PyObject *
-BT_farthest(BlockTable *t, PyObject *prot)
+BT_farthest(BlockTable *t, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "farthest() takes 2 arguments (protected, n), got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *prot = args[0];
+    if (!PyLong_CheckExact(args[1])) {
+        PyErr_Format(PyExc_TypeError, "n must be an int, got %R", args[1]);
+        return NULL;
+    }
+    int over;
+    long long want = PyLong_AsLongLongAndOverflow(args[1], &over);
+    if (over < 0 || (!over && want < 0)) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", args[1]);
+        return NULL;
+    }
     ENTER(t);
+    PyObject *res = PyList_New(0);
+    if (res == NULL) {
+        t->in_call = 0;
+        return NULL;
+    }
     held_order(t);
     Side s;
     side_init_held(t, &s);
     int pmode = protection_mode(prot);
     const Aside *A = &t->held;
-    PyObject *res = NULL;
-    int64_t key = -1;
-    while (s.nfront > 0) {
+    Py_ssize_t found = 0;
+    while (s.nfront > 0 && (over || found < want)) {
         int32_t pos = front_pop(&s, A->v);
         for (int32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < A->ready; c++) {
             if (front_push(&s, A->v, c) < 0)
-                goto done;
+                goto fail;
         }
         int r = is_protected(prot, pmode, t->entries[A->v[pos].ix].key);
         if (r < 0)
-            goto done;
+            goto fail;
         if (r == 0) {
-            key = -A->v[pos].stamp;
-            break;
+            PyObject *key = PyLong_FromLongLong(-A->v[pos].stamp);
+            if (key == NULL || PyList_Append(res, key) < 0) {
+                Py_XDECREF(key);
+                goto fail;
+            }
+            Py_DECREF(key);
+            found++;
         }
     }
-    res = PyLong_FromLongLong(key);
-done:
     side_free(&s);
     t->in_call = 0;
     return res;
+fail:
+    Py_CLEAR(res);
+    side_free(&s);
+    t->in_call = 0;
+    return NULL;
 }
 
 static PyObject *
@@ -3764,9 +3792,9 @@ static PyMethodDef BT_methods[] = {
      "unhint(ticket): the hinted request leaves the window."},
     {"next_uses", (PyCFunction)BT_next_uses, METH_O,
      "next_uses(hashes) -> list[int]: the key of each one's next hinted use, -1 if none."},
-    {"farthest", (PyCFunction)BT_farthest, METH_O,
-     "farthest(protected) -> int: the farthest next use of a ready held entry not in\n"
-     "protected, -1 if none."},
+    {"farthest", (PyCFunction)(void (*)(void))BT_farthest, METH_FASTCALL,
+     "farthest(protected, n) -> list[int]: the next uses of the n ready held entries not\n"
+     "in protected that go first (farthest first; fewer if there are fewer)."},
     {"held", (PyCFunction)BT_held, METH_O, "held(tag) -> int: the held entries of tag."},
     {"set_hint_order", (PyCFunction)BT_set_hint_order, METH_O,
      "set_hint_order(on): hold hinted resident entries out of their lists' orders."},
@@ -3795,6 +3823,22 @@ static PyMemberDef BT_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyObject *
+BT_get_held_ready(BlockTable *t, void *closure)
+{
+    (void)closure;
+    Py_ssize_t n = 0;
+    for (int tag = 0; tag < N_RESIDENT; tag++)
+        n += t->held_ready[tag];
+    return PyLong_FromSsize_t(n);
+}
+
+static PyGetSetDef BT_getset[] = {
+    {"held_ready", (getter)BT_get_held_ready, NULL,
+     "held entries that are ready (not pinned, not in flight)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PySequenceMethods BT_as_sequence = {
     .sq_length = (lenfunc)BT_len,
     .sq_contains = (objobjproc)BT_contains,
@@ -3812,6 +3856,7 @@ static PyTypeObject BlockTableType = {
     .tp_doc = "BlockTable(): the block table in C (see docs/block-table.md).",
     .tp_methods = BT_methods,
     .tp_members = BT_members,
+    .tp_getset = BT_getset,
     .tp_new = BT_new,
 };
 

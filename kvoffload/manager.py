@@ -238,12 +238,20 @@ class PolicyOffloadingManager(OffloadingManager):
         absent = len(to_store)
         backend = self.backend
         n_evict = absent - backend.get_num_free_blocks()
-        # The policy may decline blocks only when the victims would have to
-        # include blocks a waiting request uses (the others are too few).
+        # The policy may decline blocks only when the victims may have to
+        # include blocks a waiting request uses: the ready blocks, less the
+        # hinted ones and the ones this call names, are too few. (A lower
+        # bound of them: a busy hinted block is subtracted twice. The policy
+        # counts exactly.)
         if (
             n_evict > 0
             and self._admit is not None
-            and n_evict > len(table) - table.window_resident - (len(named) - absent)
+            and n_evict
+            > len(table)
+            - table.pinned
+            - table.in_flight
+            - table.window_resident
+            - (len(named) - absent)
         ):
             keep = self._admit(to_store, n_evict, named)
             if not self._trusted and not (type(keep) is int and 0 <= keep <= absent):

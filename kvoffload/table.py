@@ -211,6 +211,10 @@ class PyBlockTable:
     def held(self, tag: int, /) -> int:
         return len(self._held[_resident_tag(tag)])
 
+    @property
+    def held_ready(self) -> int:
+        return sum(self._held_ready)
+
     def evicted(self, tag: int, held: bool = False) -> int:
         return self._evicted[_resident_tag(tag)][bool(held)]
 
@@ -430,13 +434,20 @@ class PyBlockTable:
         get = self._uses.get
         return [mine[0] if (mine := get(h)) else -1 for h in hashes]
 
-    def farthest(self, protected: Container[Key], /) -> int:
+    def farthest(self, protected: Container[Key], n: int, /) -> list[int]:
+        if type(n) is not int:
+            raise TypeError(f"n must be an int, got {n!r}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n!r}")
         taken: list[Key] = []
+        found: list[int] = []
         try:
             for h, _, _ in self._ready_held(taken):
+                if len(found) >= n:
+                    break
                 if h not in protected:
-                    return self._uses[h][0]
-            return -1
+                    found.append(self._uses[h][0])
+            return found
         finally:
             for h in taken:
                 self._hqueue(h)

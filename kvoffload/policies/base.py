@@ -119,12 +119,17 @@ class EvictionPolicy(ABC):
         """How many of ``block_hashes`` (the absent hashes of a
         ``prepare_store`` call, in order) to store, the rest declined.
 
-        Asked only when storing all of them would evict ``n_evict >= 1``
-        blocks and the victims would have to include hinted ones: fewer
-        than ``n_evict`` resident blocks are neither used by a request in
-        the hint window nor named in the call (``protected``: every hash
-        the call names). Storing a prefix keeps a chain a chain. Changes
-        nothing but the policy's own counters.
+        Asked when storing all of them would evict ``n_evict >= 1`` blocks
+        and the victims may have to include hinted ones: whenever fewer
+        than ``n_evict`` ready blocks (not pinned, not in flight) are
+        neither used by a request in the hint window nor named in the call
+        (``protected``: every hash the call names), and never when no
+        block is hinted or ``n_evict`` is at most the ready blocks less
+        the hinted and the named ones. In between (a hinted or named block
+        busy) it may be asked when the others would do: a policy that
+        declines counts for itself (``hkvarc`` does, with the table's
+        ``held_ready`` and ``farthest``). Storing a prefix keeps a chain a
+        chain. Changes nothing but the policy's own counters.
 
         The default stores everything, and the manager does not ask a
         policy that keeps it. A policy that declines makes ``prepare_store``

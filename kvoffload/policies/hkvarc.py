@@ -27,12 +27,15 @@ and the replays of both shared traces give the same hits):
   Belady's choice within the window; and a block's next use is never
   before its parent's, so a hinted chain loses its tail first. A held
   victim becomes a B1 or B2 ghost by its class.
-* **Declined stores.** When a store would reach held blocks (T1 and T2,
-  less the present blocks the call protects, cannot give all the room),
-  it keeps the absent blocks in chain order while each is hinted nearer
-  than the farthest held block it would otherwise evict, and declines the
-  rest of the chain (``prepare_store`` returns the prefix kept as
-  ``block_hashes_to_store``). Never with an empty window.
+* **Declined stores.** When a store would reach held blocks (the ready
+  blocks of T1 and T2 in line that the call does not name cannot give all
+  the room), the first absent blocks take the room those give and each
+  one after them would evict a held block, farthest next use first. It
+  keeps the absent blocks in chain order while each is hinted nearer than
+  the held block it would evict, and declines the rest of the chain
+  (``prepare_store`` returns the prefix kept as ``block_hashes_to_store``);
+  one that would need more held blocks than there are is refused whole.
+  Never with an empty window.
 
 Exported as the ARC family's are: lists ``t1``, ``t2`` (in kvarc's order,
 not held), ``h1``, ``h2`` (held, by class), ghosts ``b1``, ``b2``; resident
@@ -112,23 +115,39 @@ class HKVARCPolicy(KVARCPolicy):
     def admit(
         self, block_hashes: Sequence[BlockHash], n_evict: int, protected: Collection[BlockHash]
     ) -> int:
-        # asked when T1 and T2 in line (every hinted block is held) cannot
-        # give the room: the store would evict held blocks
+        # Asked when the victims may have to include held blocks. Counted
+        # exactly: the ready blocks in line (not held) that the call does not
+        # name give the first victims; the rest are held ones, farthest next
+        # use first. The absent blocks are kept in chain order while each is
+        # hinted nearer than the held block its store would evict.
         table = self.table
+        stored = len(block_hashes)
         if not table.window_requests:
-            return len(block_hashes)  # never with no hints: kvarc's answer stands
-        far = table.farthest(protected)
-        keep = 0
-        for key in table.next_uses(block_hashes):
-            if key < 0 or 0 <= far <= key:
-                break  # no hinted use, or one after what it would evict
+            return stored  # never with no hints: kvarc's answer stands
+        held = table.held_ready
+        in_line = len(table) - table.pinned - table.in_flight - held
+        ref = table.ref
+        for h, key in zip(protected, table.next_uses(protected), strict=True):
+            if ref(h) == 0:  # resident and ready: not a victim
+                if key >= 0:
+                    held -= 1
+                else:
+                    in_line -= 1
+        from_held = n_evict - in_line  # the last victims of the whole store
+        if from_held <= 0:
+            return stored
+        # the first blocks are stored in room that does not cost a held one
+        keep = stored - from_held
+        displaced = table.farthest(protected, from_held)
+        for i, key in enumerate(table.next_uses(block_hashes[keep:])):
+            if i == len(displaced):
+                # no held block left for it either: the store is refused as
+                # a whole (rejected, not declined)
+                return stored
+            if key < 0 or key >= displaced[i]:
+                break  # no hinted use, or one after the block it would evict
             keep += 1
-        declined = len(block_hashes) - keep
-        if n_evict - declined > len(table) - table.pinned - table.in_flight:
-            # the prefix kept would not fit either: the store is refused as a
-            # whole (rejected, not declined; once counted as both)
-            return len(block_hashes)
-        self._declined += declined
+        self._declined += stored - keep
         return keep
 
     def ordered_items(self) -> list[tuple[BlockHash, Handle]]:

@@ -124,6 +124,7 @@ def state(t: Any, keys: Iterable[Any] = ()) -> tuple[Any, ...]:
         [t.size(tag) for tag in range(8)],
         [(t.ref(k), t.tag_of(k), t.get(k), k in t) for k in keys],
         (t.window_requests, t.window_uses, t.window_keys, t.window_resident, t.holds),
+        t.held_ready,
         t.window_found,
         [t.held(tag) for tag in range(4)],
         t.next_uses(keys),
@@ -413,7 +414,8 @@ class TableMachine(RuleBasedStateMachine):
     def farthest(self, data: st.DataObject) -> None:
         protected = self.idxs(data, 4) if data.draw(st.booleans()) else []
         container = data.draw(st.sampled_from(CONTAINERS))
-        self.both("farthest", lambda: ((as_container(container, self.k(protected)),), {}))
+        n = data.draw(st.sampled_from([0, 1, 2, 5, 10**30, -1, 1.0]))
+        self.both("farthest", lambda: ((as_container(container, self.k(protected)), n), {}))
 
     @rule(data=st.data())
     def evict_spilling(self, data: st.DataObject) -> None:
@@ -794,11 +796,12 @@ def test_hint_order_holds_hinted_entries_by_next_use(impl: Any) -> None:
         2,
     )
     assert t.keys(5) == [b"k0", b"k1"] and t.next_uses([b"k1"]) == [S + 1]
-    assert t.farthest(()) == 2 * S and t.farthest({b"k2"}) == S
+    assert t.farthest((), 1) == [2 * S] and t.farthest({b"k2"}, 1) == [S]
+    assert t.farthest((), 5) == [2 * S, S] and t.farthest((), 0) == [] and t.held_ready == 2
     t.insert([b"new"], [9], 2)  # hinted: held at once (in flight: not farthest yet)
-    assert t.held(2) == 1 and t.farthest(()) == 2 * S
+    assert t.held(2) == 1 and t.farthest((), 1) == [2 * S] and t.held_ready == 2
     t.complete([b"new"])
-    assert t.farthest(()) == 2 * S + 1
+    assert t.farthest((), 3) == [2 * S + 1, 2 * S, S] and t.held_ready == 3
     t.unhint(1)  # k4's last use left: back in line, most recent
     assert t.keys(0) == [b"k4", b"k2"] and t.held(0) == 1  # k2 still held, last
     t.forget_policy()  # hint order off: held entries back in line
@@ -830,7 +833,8 @@ def test_held_entries_leave_farthest_first_however_long_unread() -> None:
             tickets.append(got[0])
         if step % rng.choice([1, 3, 40, 150]) == 0:  # read in order, now and then
             pins = rng.sample(keys, 3)
-            got += [t.farthest(set(pins)) for t in tables]
+            k = rng.choice([1, 3, 500])
+            got += [t.farthest(set(pins), k) for t in tables]
             n = rng.randint(1, 4)
             out = [t.evict(0, n, set(pins), ghost_a=4, spill=True) for t in tables]
             assert out[0] == out[1]
@@ -855,10 +859,11 @@ def test_unhint_rejoins_last_to_first_and_held_entries_follow_pins(impl: Any) ->
     t.pin([b"c"])  # busy: never a spill victim
     assert t.evict(0, 2, (), spill=True) == ([b"b", b"a"], [2, 1], 0)
     t.insert([b"a", b"b"], [4, 5], 0)  # back, in flight: held, busy
-    assert t.evict(0, 1, (), spill=True) is None and t.farthest(()) == -1
+    assert t.evict(0, 1, (), spill=True) is None and t.farthest((), 1) == []
+    assert t.held_ready == 0
     t.complete([b"a", b"b"])
     t.unpin([b"c"])
-    assert t.farthest(()) == S + 2
+    assert t.farthest((), 1) == [S + 2] and t.held_ready == 3
     t.unhint(ticket)
     assert t.window_found == 3
     assert t.keys(0) == [b"c", b"b", b"a"] and t.held(0) == 0  # a ends most recent
@@ -1158,7 +1163,7 @@ def reentrant_calls(t: Any) -> list[Callable[[], Any]]:
         lambda: t.insert_chain([k(3)], [3], 0, 1),
         lambda: t.hint([k(1), k(0)]),
         lambda: t.next_uses([k(0)]),
-        lambda: t.farthest([k(0)]),  # list.__contains__ compares k(0)
+        lambda: t.farthest([k(0)], 1),  # list.__contains__ compares k(0)
         lambda: t.complete([k(0)]),
         lambda: t.fail([k(0)]),
         lambda: t.pin([k(0)]),
@@ -1312,7 +1317,7 @@ def test_reference_counts_do_not_leak() -> None:
         t.insert([key, *other[:2]], [handle, 1, 2], tag)  # held (hint order on)
         t.complete([key, other[0]])
         t.next_uses([key, b"nope"])
-        t.farthest({key})
+        t.farthest({key}, 2)
         assert t.evict(tag, 3, (), ghost_a=4, spill=True) is None  # other[1] in flight
         assert t.evict(tag, 2, (), spill=True) is not None  # key and other[0]: hint-only
         t.fail([other[1]])

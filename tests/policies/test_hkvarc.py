@@ -252,6 +252,72 @@ def test_hkvarc_declines_blocks_it_would_evict_a_nearer_one_for() -> None:
     assert m.stats().policy_counters["declined_blocks"] == 1
 
 
+def test_hkvarc_declines_nothing_that_a_block_in_line_has_room_for() -> None:
+    # 1 is held and named by the store; 2 is in line and idle. The manager
+    # subtracted 1 twice (hinted, and named), so it asked admit, and admit
+    # kept nothing as no held block could be evicted: 3 was declined
+    m = _manager(2)
+    _store(m, 1)
+    _store(m, 2)
+    m.hint(_hs(1))
+    out = m.prepare_store(_hs(1, 3))
+    assert out is not None
+    assert out.block_hashes_to_store == _hs(3) and out.block_hashes_evicted == _hs(2)
+    assert m.stats().policy_counters["declined_blocks"] == 0
+
+
+@pytest.mark.parametrize("busy", ["in flight", "pinned"])
+def test_hkvarc_declines_rather_than_evict_a_held_block_when_the_others_are_busy(
+    busy: str,
+) -> None:
+    # 2 is busy (a store in flight, or a load): no victim. The manager
+    # counted it as room and never asked admit, so the held 1 was evicted
+    # for 3, which no waiting request uses
+    m = _manager(2)
+    _store(m, 1)
+    m.hint(_hs(1))
+    if busy == "in flight":
+        assert m.prepare_store(_hs(2)) is not None
+    else:
+        _store(m, 2)
+        m.prepare_load(_hs(2))
+    out = m.prepare_store(_hs(3))
+    assert out is not None
+    assert out.block_hashes_to_store == [] and out.block_hashes_evicted == []
+    counters = m.stats().policy_counters
+    assert counters["declined_blocks"] == 1 and counters["redirected"] == 0
+    assert BlockHash(b"b1") in m.table
+
+
+def test_hkvarc_store_without_room_is_rejected_not_declined() -> None:
+    # the only block is named by the store: there is no room at all, as
+    # kvarc answers (None, a rejected store); admit counted the named block
+    # as room and declined 3 instead
+    m = _manager(1)
+    _store(m, 1)
+    m.hint(_hs(9))
+    assert m.prepare_store(_hs(1, 3)) is None
+    s = m.stats()
+    assert s.counters.rejected_stores == 1 and s.policy_counters["declined_blocks"] == 0
+
+
+def test_hkvarc_compares_each_block_with_the_held_block_its_store_evicts() -> None:
+    # 3 then 4 each evict a held block, farthest first: 3 (used second)
+    # evicts 2 (used last), then 4 (used second too) would evict 1 (used
+    # first): 4 is declined. Each was compared with the farthest, 2, so
+    # both were stored and 1 evicted
+    m = _manager(2)
+    _store(m, 2)
+    _store(m, 1)
+    m.hint(_hs(1))
+    m.hint(_hs(3, 4))
+    m.hint(_hs(2))
+    out = m.prepare_store(_hs(3, 4))
+    assert out is not None
+    assert out.block_hashes_to_store == _hs(3) and out.block_hashes_evicted == _hs(2)
+    assert m.stats().policy_counters["declined_blocks"] == 1
+
+
 def test_hkvarc_declines_nothing_with_an_empty_window() -> None:
     m = _manager(2)
     _store(m, 1, 2)
