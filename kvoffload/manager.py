@@ -456,7 +456,11 @@ class PolicyOffloadingManager(OffloadingManager):
             table.forget_policy()
             back = create_policy(old.name, self.capacity, table)
             back.seed(items)
+            # what the fresh copy counts for taking them back (hkvarc: the
+            # blocks it holds again) was counted once already
+            reseeded = back.counters()
             self._retire(old, back, old_counts, old_ghost_hits, old_evictions)
+            _add_counts(self._retired_counts[old.name], {k: -v for k, v in reseeded.items()})
             raise PolicyError(
                 f"eviction policy {new.name!r} failed to take over the blocks "
                 f"({type(exc).__name__}: {exc}); {old.name} is back, its ghost history lost"

@@ -374,16 +374,17 @@ class PyBlockTable:
 
     def hint(self, hashes: Iterable[Key], /) -> int:
         hashes = list(hashes)
-        uses = self._uses
+        uses, tags = self._uses, self._tag
         for h in hashes:
-            uses.get(h)  # a key whose hash or __eq__ raises changes nothing
+            # a key whose hash or __eq__ raises changes nothing
+            uses.get(h)
+            tags.get(h)
         ticket = self._next_ticket
         if ticket >= _MAX_TICKET:
             raise OverflowError("a BlockTable hands out fewer than 2**39 hint tickets")
         self._next_ticket += 1
         self._tickets[ticket] = hashes
         base = ticket * USE_STRIDE
-        tags = self._tag
         for p, h in enumerate(hashes):
             key = base + min(p, USE_STRIDE - 1)
             mine = uses.get(h)

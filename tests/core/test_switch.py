@@ -220,3 +220,33 @@ def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
     assert m.stats().counters.evictions == evictions and m.stats().counters.policy_switches == 0
     m.touch(bhs(2))
     assert m.table.tag_of(bh(2)) == 1  # ARC's rules again: a second use is T2
+
+
+def test_a_failed_switch_away_from_hkvarc_leaves_its_counters_as_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the copy of hkvarc that takes the blocks back holds the hinted ones
+    # again, which it counted as deferring them: 'deferred' went 2 -> 4 (audit)
+    import kvoffload.policies as policies
+    from kvoffload.policies.lru import LRUPolicy
+
+    class Broken(LRUPolicy):
+        name = "broken"
+
+        def seed(self, items: object) -> None:
+            raise RuntimeError("seed failed")
+
+    m = PolicyOffloadingManager(CPUBackend(16, 4), policy="hkvarc")
+    store(m, 1, 2, 3)
+    m.hint(bhs(1, 2))
+    real = policies.policy_class
+    monkeypatch.setattr(
+        policies, "policy_class", lambda name: Broken if name == "broken" else real(name)
+    )
+    before = dict(m.stats().policy_counters)
+    assert before["deferred"] == 2
+    with pytest.raises(PolicyError, match="failed to take over"):
+        m.switch_policy("broken")
+    assert dict(m.stats().policy_counters) == before
+    m.hint(bhs(3))  # and it counts on from there
+    assert m.stats().policy_counters["deferred"] == 3
