@@ -334,7 +334,8 @@ def _foresight() -> list[Panel]:
             "Foresight decisions",
             "What the policy did with the hints, per second (hkvarc): blocks deferred (taken"
             " out of kvarc's order because a waiting request uses them), victims redirected to"
-            " held blocks (farthest next use first), stores declined, and hits on hinted blocks.",
+            " held blocks (farthest next use first), stores declined, and the leading blocks hinted"
+            " requests found resident in the CPU tier as they were served (GPU hits included).",
             "count:blocks/s",
             [Query(rate("kvoffload_policy_counts_total", "policy, name"), "{{policy}} {{name}}")],
             width=8,

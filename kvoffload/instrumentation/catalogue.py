@@ -214,7 +214,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "kvoffload_policy_counts_total",
         "The current eviction policy's own counts, by name, since start (summed over every "
         "time it was the policy); hkvarc: deferred, redirected and declined_blocks in offloaded "
-        "blocks, hinted_hits in offloaded blocks hit. lru, arc and kvarc have none.",
+        "blocks, hinted_hits the leading blocks a hinted request found resident in the CPU "
+        "tier as it left the window (those the GPU cache also had included). lru, arc and "
+        "kvarc have none.",
         ("policy", "name"),
     ),
     _g(
