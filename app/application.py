@@ -197,7 +197,8 @@ def log_access(settings: Settings, where: str) -> None:
     if settings.admin_token is None:
         logger.warning(
             "no admin token (%sADMIN_TOKEN) configured: state-changing routes are disabled "
-            "(403) and the service binds to loopback only (%s)",
+            "(403), and kvoffload serve binds to loopback only (%s; a server of your own, "
+            "such as uvicorn --factory, binds where you tell it)",
             ENV_PREFIX,
             settings.host,
         )

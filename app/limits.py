@@ -53,6 +53,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NO_HEAD = frozenset({"/v1/events/stream"})
 
 
+def _error_body(code: str, message: str) -> bytes:
+    """The API's error shape, rendered as the routes render it (compact)."""
+    return json.dumps({"error": {"code": code, "message": message}}, separators=(",", ":")).encode()
+
+
 def _too_large(limit: int) -> str:
     return f"the request body is larger than {limit} bytes, the most this service accepts"
 
@@ -130,7 +135,7 @@ class RequestLimits:
 async def _answer(send: Send, status: int, code: str, message: str) -> None:
     """An error answer before the app has seen the request; the connection
     closes after it (the body, if any, stays unread)."""
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    body = _error_body(code, message)
     await send(
         {
             "type": "http.response.start",
@@ -288,7 +293,7 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
             being made (one sent now would be read as theirs)."""
             if self._deferred is not None or self.transport.is_closing():
                 return
-            body = json.dumps({"error": {"code": code, "message": message}}).encode()
+            body = _error_body(code, message)
             answer = (
                 b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)

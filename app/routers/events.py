@@ -278,8 +278,8 @@ def _records_sse(records: Sequence[EventRecord]) -> bytes:
 
 
 def _missed_event(missed: int, cursor: int, skipped: int = 0) -> str:
-    extra = f', "skipped": {skipped}' if skipped else ""
-    return f'event: missed\ndata: {{"missed": {missed}, "after_seq": {cursor}{extra}}}\n\n'
+    extra = f',"skipped":{skipped}' if skipped else ""
+    return f'event: missed\ndata: {{"missed":{missed},"after_seq":{cursor}{extra}}}\n\n'
 
 
 async def _sse(
@@ -291,7 +291,10 @@ async def _sse(
     last = log.last_seq
     if cursor > last:
         # A cursor from an earlier run of the service: its records are gone.
-        yield f": cursor {cursor} is ahead of the log (last seq {last}); starting there\n\n".encode()
+        yield (
+            f": cursor {cursor} is ahead of the log (last seq {last}); "
+            f"the stream starts after seq {last}\n\n"
+        ).encode()
         cursor = last
     replay_from = last - service.settings.sse_max_replay
     if cursor < replay_from:

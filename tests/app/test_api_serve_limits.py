@@ -644,6 +644,8 @@ def test_request_headers_over_the_cap_are_a_431_and_the_connection_closes(
         assert status_of(answer) == 431, (what, answer[:300])
         head_, _, body = answer.partition(b"\r\n\r\n")
         assert b"connection: close" in head_.lower()
+        # rendered as the routes render their errors: compact
+        assert body.startswith(b'{"error":{"code":"headers_too_large","message":'), body[:80]
         error = json.loads(body)["error"]
         assert error["code"] == "headers_too_large"
         assert "larger than 65536 bytes" in error["message"]

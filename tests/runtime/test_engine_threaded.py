@@ -121,6 +121,8 @@ def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
     assert engine.state == "paused"
 
     before = engine.snapshot()
+    gpu_cached = engine.kv.cached_blocks  # safe to read: the engine thread is paused
+    assert gpu_cached > 0
     reset = engine.reset().result(timeout=TIMEOUT)
     after = engine.snapshot()
     assert reset.applied_at_step == before.step == after.step
@@ -129,8 +131,10 @@ def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
     m = after.manager
     assert m.used == m.pinned + m.in_flight == 0
     assert m.used + m.free == m.capacity
-    kv = engine.kv  # safe to read: the engine thread is paused
+    kv = engine.kv
     assert kv.cached_blocks == kv.num_blocks - kv.available()
+    # the GPU prefix cache is dropped too (docs/api.md), every cached block
+    assert kv.cached_blocks == 0 and int(reset.detail["gpu_blocks_dropped"]) == gpu_cached
     # counters are kept; the reset's evictions are counted
     assert after.runtime == before.runtime
     assert after.manager.counters.store_blocks == before.manager.counters.store_blocks
