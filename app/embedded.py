@@ -118,6 +118,7 @@ def start_admin_server(
     prometheus: PrometheusObserver | None = None,
     tracer_provider: TracerProvider | None = None,
     startup_timeout: float = 30.0,
+    listening: socket.socket | None = None,
 ) -> AdminServer:
     """Serve the admin API for ``target`` on ``settings.host:settings.port``
     (``port=0``: a free port, see :attr:`AdminServer.port`) from a background
@@ -126,8 +127,9 @@ def start_admin_server(
     ``settings`` default to the ``KVOFFLOAD_*`` environment; only the
     service's fields (address, tokens, limits, timeouts) matter here.
     ``registry``, ``prometheus`` and ``tracer_provider`` are as in
-    :func:`app.application.wire`. Raises :class:`StartupError` when the
-    address cannot be used.
+    :func:`app.application.wire`. ``listening``: a socket bound to the
+    address already (:func:`listen`), served instead of binding one here.
+    Raises :class:`StartupError` when the address cannot be used.
     """
     settings = settings if settings is not None else Settings()
     service = wire(
@@ -137,7 +139,7 @@ def start_admin_server(
         prometheus=prometheus,
         tracer_provider=tracer_provider,
     )
-    sock = _listen(settings.host, settings.port)
+    sock = listening if listening is not None else listen(settings.host, settings.port)
     _mask_access_log()
     config = uvicorn.Config(
         build_app(settings, service),
@@ -171,7 +173,7 @@ def start_admin_server(
     return AdminServer(service, server, thread, url)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port``: a bad address fails here, in the
     caller's thread, with a message that says which."""
     try:

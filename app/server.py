@@ -12,7 +12,7 @@ import threading
 from types import FrameType
 
 from app.application import start_engine, stop_engine
-from app.embedded import StartupError, start_admin_server
+from app.embedded import StartupError, listen, start_admin_server
 from app.engine_setup import preloaded_engine_factory
 from app.settings import Settings
 from app.telemetry import setup_telemetry
@@ -77,6 +77,17 @@ def serve(settings: Settings) -> int:
     try:
         # Read the trace, check the engine's shape and its device now.
         factory = preloaded_engine_factory(settings)
+    except KVOffloadError as exc:
+        sys.stderr.write(f"kvoffload serve: error: {exc}\n")
+        return EXIT_USAGE
+    try:
+        # the address before the engine: a port in use fails here, in one
+        # line, with no engine started and stopped for nothing
+        sock = listen(settings.host, settings.port)
+    except StartupError as exc:
+        sys.stderr.write(f"kvoffload serve: error: {exc}\n")
+        return EXIT_STARTUP_FAILED
+    try:
         telemetry = setup_telemetry()
         try:
             engine, prometheus = start_engine(settings, factory, telemetry)
@@ -84,8 +95,12 @@ def serve(settings: Settings) -> int:
             telemetry.shutdown()
             raise
     except KVOffloadError as exc:
+        sock.close()
         sys.stderr.write(f"kvoffload serve: error: {exc}\n")
         return EXIT_USAGE
+    except BaseException:
+        sock.close()
+        raise
     # The engine thread is busy Python; the event loop needs the GIL a few
     # times per request. With the default 5 ms interval each of those waits
     # up to 5 ms; 0.5 ms keeps answers quick and costs the engine nothing
@@ -105,7 +120,11 @@ def serve(settings: Settings) -> int:
     code = EXIT_OK
     try:
         server = start_admin_server(
-            engine, settings, prometheus=prometheus, tracer_provider=telemetry.tracer_provider
+            engine,
+            settings,
+            prometheus=prometheus,
+            tracer_provider=telemetry.tracer_provider,
+            listening=sock,
         )
         if telemetry.meter_provider is not None:
             OTelMetricsBridge(telemetry.meter_provider, server.registry)
