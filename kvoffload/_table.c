@@ -2832,6 +2832,21 @@ trim_ghosts(BlockTable *t, int ga, int gb, Py_ssize_t trim)
     }
 }
 
+/* the count `n` (an exact int): ValueError below 0; above MAX_ENTRIES it is
+   MAX_ENTRIES + 1, more than any table holds */
+static int
+count_of(PyObject *v, Py_ssize_t *out)
+{
+    int over;
+    long long n = PyLong_AsLongLongAndOverflow(v, &over);
+    if (over < 0 || (!over && n < 0)) {
+        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", v);
+        return -1;
+    }
+    *out = over || n > MAX_ENTRIES ? (Py_ssize_t)MAX_ENTRIES + 1 : (Py_ssize_t)n;
+    return 0;
+}
+
 static PyObject *
 BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -2862,14 +2877,10 @@ BT_evict(BlockTable *t, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         PyErr_Format(PyExc_TypeError, "first must be an int or None, got %R", a[4]);
         return NULL;
     }
-    int n_over;
-    long long nv = PyLong_AsLongLongAndOverflow(a[1], &n_over);
-    if (n_over < 0 || (!n_over && nv < 0)) {
-        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", a[1]);
-        return NULL;
-    }
     /* more than a table can hold: no room (None below), as in the reference */
-    Py_ssize_t n = n_over || nv > MAX_ENTRIES ? (Py_ssize_t)MAX_ENTRIES + 1 : (Py_ssize_t)nv;
+    Py_ssize_t n;
+    if (count_of(a[1], &n) < 0)
+        return NULL;
     Py_ssize_t first = n;
     if (a[4] != NULL && a[4] != Py_None) {
         int overflow;
@@ -3417,12 +3428,9 @@ BT_farthest(BlockTable *t, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "n must be an int, got %R", args[1]);
         return NULL;
     }
-    int over;
-    long long want = PyLong_AsLongLongAndOverflow(args[1], &over);
-    if (over < 0 || (!over && want < 0)) {
-        PyErr_Format(PyExc_ValueError, "n must be >= 0, got %R", args[1]);
+    Py_ssize_t want; /* more than a table holds: every one there is */
+    if (count_of(args[1], &want) < 0)
         return NULL;
-    }
     ENTER(t);
     PyObject *res = PyList_New(0);
     if (res == NULL) {
@@ -3435,7 +3443,7 @@ BT_farthest(BlockTable *t, PyObject *const *args, Py_ssize_t nargs)
     int pmode = protection_mode(prot);
     const Aside *A = &t->held;
     Py_ssize_t found = 0;
-    while (s.nfront > 0 && (over || found < want)) {
+    while (s.nfront > 0 && found < want) {
         int32_t pos = front_pop(&s, A->v);
         for (int32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < A->ready; c++) {
             if (front_push(&s, A->v, c) < 0)
