@@ -90,7 +90,15 @@ def parse_settings(argv: Sequence[str] | None) -> Settings:
 #: variables with the prefix that are not settings: the install and test scripts'
 OTHER_VARIABLES = frozenset(
     ENV_PREFIX + name
-    for name in ("PURE_PYTHON", "TORCH", "TORCH_SPEC", "VLLM_ENV", "VLLM_TIER", "VLLM_WHEEL")
+    for name in (
+        "PURE_PYTHON",
+        "REINSTALL",
+        "TORCH",
+        "TORCH_SPEC",
+        "VLLM_ENV",
+        "VLLM_TIER",
+        "VLLM_WHEEL",
+    )
 )
 
 

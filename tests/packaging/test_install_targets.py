@@ -219,3 +219,51 @@ def test_install_script_passes_the_torch_words_to_pip(tmp_path: Path) -> None:
         [str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path
     )
     assert answer.stdout.split() == ["True"], answer.stderr
+
+
+def test_install_script_skips_pip_when_the_venv_is_current(tmp_path: Path) -> None:
+    """A second `scripts/install` (each `scripts/serve` runs one) does nothing
+    when the venv was installed from the same dependency lists, C source and
+    torch request, with that extra or dev. Here pip is taken out of the venv
+    after the first install, so any later pip call fails the run: the second
+    run passes only if it skips pip, and the runs after a change must fail."""
+    src = _source_copy(tmp_path / "src")
+    env = _clean_env(KVOFFLOAD_TORCH="")
+
+    def install(extra: str, **more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["scripts/install", extra], cwd=src, capture_output=True, text=True, env={**env, **more}
+        )
+
+    first = install("prometheus")
+    assert first.returncode == 0, first.stderr[-4000:]
+    site = subprocess.run(
+        [
+            str(src / ".venv/bin/python"),
+            "-c",
+            "import pip, os; print(os.path.dirname(pip.__file__))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    shutil.rmtree(site)
+
+    again = install("prometheus")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "already holds kvoffload[prometheus]" in again.stderr
+
+    assert install("prometheus", KVOFFLOAD_REINSTALL="1").returncode != 0  # asked to
+    assert install("otel").returncode != 0  # an extra not installed yet
+    assert install("prometheus", KVOFFLOAD_TORCH="torch==2.13.0").returncode != 0
+    built = list(src.glob("kvoffload/_table*.so"))
+    assert built, "the editable install builds the C table in place"
+    for table in built:
+        table.unlink()
+    assert install("prometheus").returncode != 0  # the C table is gone
+    for table in built:
+        table.touch()
+    assert install("prometheus").returncode == 0
+    with (src / "pyproject.toml").open("a") as f:
+        f.write("\n# a changed dependency list\n")
+    assert install("prometheus").returncode != 0
