@@ -234,7 +234,7 @@ async def _owned_engine(app: FastAPI) -> AsyncIterator[None]:
         service.stopping.set()
         await asyncio.to_thread(stop_engine, engine, settings)
         telemetry.shutdown()
-        logger.info("telemetry flushed; shutdown complete")
+        logger.info("shutdown complete")
 
 
 # --------------------------------------------------------------------------- OpenAPI

@@ -142,7 +142,7 @@ def serve(settings: Settings) -> int:
     finally:
         stop_engine(engine, settings)
         telemetry.shutdown()
-        logger.info("telemetry flushed; shutdown complete")
+        logger.info("shutdown complete")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code

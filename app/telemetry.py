@@ -24,8 +24,10 @@ compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -196,7 +198,7 @@ def _tracer_provider(
     unset, wrapped so that admin actions are always sampled."""
     configured = _env(environ, "OTEL_TRACES_SAMPLER")
     chosen = None if configured else ParentBased(TraceIdRatioBased(default_ratio))
-    provider = TracerProvider(resource=resource, sampler=chosen)
+    provider = TracerProvider(resource=resource, sampler=chosen, shutdown_on_exit=False)
     # before any tracer exists: each tracer takes the provider's sampler when made
     provider.sampler = AdminAlwaysSampler(provider.sampler)
     return provider
@@ -233,21 +235,47 @@ class Telemetry:
                 ok = bool(p.force_flush(millis)) and ok
         return ok
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Flush, then stop the export threads. Idempotent."""
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
+        """Flush, then stop the export threads, within ``timeout_s`` in all.
+        Idempotent; ``True`` when everything was exported in time.
+
+        The SDK's own bounds do not hold against a collector that is down:
+        the OTLP exporters retry with back-off up to their own timeout (10 s
+        each by default), per signal and again at shutdown. So the flush runs
+        on a daemon thread that is given up on at the deadline (what it still
+        holds is dropped when the process exits, said in one warning)."""
         if self._closed:
-            return
+            return True
         self._closed = True
+        atexit.unregister(self.shutdown)
         if not self.exporting:
-            return
-        if not self.force_flush(timeout_s):
+            return True
+        outcome: list[bool] = []
+
+        def flush_and_stop() -> None:
+            flushed = self.force_flush(timeout_s)
+            for provider in (self.tracer_provider, self.logger_provider, self.meter_provider):
+                if provider is not None:
+                    provider.shutdown()
+            outcome.append(flushed)
+
+        worker = threading.Thread(
+            target=flush_and_stop, name="kvoffload-otel-shutdown", daemon=True
+        )
+        worker.start()
+        worker.join(timeout_s)
+        if not outcome:
+            logger.warning(
+                "telemetry export did not finish within %.1f s (is the OTLP collector "
+                "reachable?); what it still holds is dropped",
+                timeout_s,
+            )
+            return False
+        if not outcome[0]:
             logger.warning("telemetry flush did not finish within %.1f s", timeout_s)
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-        if self.logger_provider is not None:
-            self.logger_provider.shutdown()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+            return False
+        logger.info("telemetry flushed")
+        return True
 
 
 def setup_telemetry(
@@ -288,7 +316,7 @@ def setup_telemetry(
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         telemetry.tracer_provider = tp
     if want["logs"]:
-        lp = LoggerProvider(resource=resource)
+        lp = LoggerProvider(resource=resource, shutdown_on_exit=False)
         lp.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
         telemetry.logger_provider = lp
     if metrics and want["metrics"]:
@@ -296,7 +324,11 @@ def setup_telemetry(
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-        telemetry.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        telemetry.meter_provider = MeterProvider(
+            resource=resource, metric_readers=[reader], shutdown_on_exit=False
+        )
+    # the SDK's own exit hooks are unbounded against a collector that is down
+    atexit.register(telemetry.shutdown)
     if set_global:
         _install_globals(telemetry)
     logger.info(

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from kvoffload.runtime.commands import CommandResult
 
 from .otlp_receiver import Receiver, attrs, running_receiver
 from .test_tracing import _one_step
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -203,6 +208,66 @@ def test_telemetry_slow_collector_does_not_block_the_engine_thread(
     receiver.open.set()
     telemetry.shutdown()
     assert len([s for s in receiver.spans() if s.name == "kvoffload.step"]) == 199
+
+
+def test_shutdown_gives_up_on_a_hung_collector_at_its_deadline(
+    receiver: Receiver,
+    clean_env: pytest.MonkeyPatch,
+    telemetry_teardown: list[Telemetry],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the SDK's exporters wait out their own timeout (600 s here), retrying
+    # with back-off, and ignore the flush's: a stop took 13 s with a
+    # collector that was down, and would take 10 minutes here
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "600")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    receiver.open.clear()  # the collector takes the request and never answers
+    try:
+        telemetry = setup_telemetry()
+        telemetry_teardown.append(telemetry)
+        _one_step(telemetry.tracing_observer())
+        outcome: list[bool] = []
+        stopper = threading.Thread(target=lambda: outcome.append(telemetry.shutdown(0.5)))
+        with caplog.at_level(logging.WARNING, logger="app.telemetry"):
+            stopper.start()
+            stopper.join(120)
+        assert outcome == [False], "shutdown waited for the hung collector"
+        assert "telemetry export did not finish within 0.5 s" in caplog.text
+        assert telemetry.shutdown() is True  # idempotent: nothing left to do
+    finally:
+        receiver.open.set()
+
+
+def test_a_process_that_never_calls_shutdown_still_exits_promptly(receiver: Receiver) -> None:
+    # the SDK's exit hooks flushed without a bound; setup_telemetry's own
+    # hook is Telemetry.shutdown (5 s)
+    program = (
+        "from app.telemetry import setup_telemetry\n"
+        "from tests.instrumentation.test_tracing import _one_step\n"
+        "_one_step(setup_telemetry().tracing_observer())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "600",
+        "OTEL_TRACES_SAMPLER": "always_on",
+    }
+    receiver.open.clear()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", program],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        receiver.open.set()
+    assert done.returncode == 0, done.stderr
+    assert receiver.first_request.is_set()  # it did try to export
+    assert "telemetry export did not finish within 5.0 s" in done.stderr
 
 
 def test_telemetry_without_endpoint_exports_and_logs_nothing(
