@@ -127,6 +127,11 @@ def describe_errors(exc: ValidationError) -> list[str]:
             )
         else:
             where = "settings"
-        message = str(error.get("msg", "invalid value"))
-        lines.append(f"{where}: {message.removeprefix('Value error, ')}")
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        kind = str(error.get("type", ""))
+        if kind.endswith("_parsing") and field not in ENV_ONLY:  # never echo a token
+            message += f", got {error.get('input')!r}"
+            if kind == "bool_parsing":
+                message += " (use true or false; also 1/0, yes/no, on/off)"
+        lines.append(f"{where}: {message}")
     return lines

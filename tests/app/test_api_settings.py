@@ -137,6 +137,12 @@ def test_bad_settings_exit_2_with_a_clear_line(
             "(4 GPU blocks); raise --gpu-blocks or lower --offloaded-block-size / "
             "KVOFFLOAD_OFFLOADED_BLOCK_SIZE",
         ),
+        # the value itself, as with argparse's own errors ("invalid choice: 'int8'")
+        (
+            ["--num-cpu-blocks", "abc"],
+            "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS: Input should be a valid integer, "
+            "unable to parse string as an integer, got 'abc'",
+        ),
         (["--device", "cuda:7"], "device 'cuda:7' is not available"),
         (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda[:n]'"),
         # a traceback from torch's allocator, and a minute of allocating layers
@@ -161,6 +167,17 @@ def test_bad_inputs_fail_before_serving(
     assert fragment in err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
+
+
+def test_a_bad_boolean_variable_names_its_value_and_the_words_allowed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVOFFLOAD_LOOP", "maybe")
+    assert run(["--port", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "kvoffload serve: error: --loop / KVOFFLOAD_LOOP: Input should be a valid boolean, "
+        "unable to interpret input, got 'maybe' (use true or false; also 1/0, yes/no, on/off)\n"
+    )
 
 
 @pytest.mark.parametrize(
