@@ -112,7 +112,7 @@ def _build_parser() -> OneLineParser:
         "traces",
         nargs="+",
         metavar="TRACE",
-        help="Mooncake JSONL trace file (a FIFO or /dev/stdin is read as a stream)",
+        help="Mooncake JSONL trace file, gzip-compressed or not (a FIFO or /dev/stdin is read as a stream)",
     )
     # list options add up when repeated, as --import does
     replay.add_argument(

@@ -331,7 +331,10 @@ def test_openapi_and_docs(client: TestClient) -> None:
         assert path in paths, path
     put = paths["/v1/policy"]["put"]
     assert {"409", "422", "401", "403"} <= set(put["responses"])
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    # README: the page needs a CDN, /openapi.json does not
+    assert "https://cdn.jsdelivr.net/" in docs.text and "/openapi.json" in docs.text
 
 
 # --------------------------------------------------------------------------- errors
