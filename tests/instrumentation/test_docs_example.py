@@ -23,8 +23,9 @@ print("steps", engine.snapshot().step)
 def test_the_wiring_example_runs_and_exports_metrics() -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     example = next(b for b in blocks if "KVOffloadCollector(" in b and "setup_telemetry" in b)
-    assert "\n...\n" in example, "the example lost its '...' (where the engine runs)"
-    code = example.replace("\n...\n", "\n" + CHECK + "\n", 1)
+    where = re.search(r"\n\.\.\.  # run it: engine\.start\(\)[^\n]*\n", example)
+    assert where, "the example lost its '...' (where the engine runs, and how)"
+    code = example.replace(where.group(0), "\n" + CHECK + "\n", 1)
     env = {"PATH": "/usr/bin:/bin"}  # no OTEL_* endpoint: telemetry is off, not an error
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
