@@ -237,6 +237,13 @@ def test_shutdown_gives_up_on_a_hung_collector_at_its_deadline(
         assert telemetry.shutdown() is True  # idempotent: nothing left to do
     finally:
         receiver.open.set()
+    # the collector answers now: the flush given up on ends, and with it the
+    # exporters (left running, their retries' jitter would draw from `random`
+    # under later tests' Hypothesis draws in this worker)
+    for thread in threading.enumerate():
+        if thread.name == "kvoffload-otel-shutdown":
+            thread.join(60)
+            assert not thread.is_alive(), "the given-up flush never ended"
 
 
 def test_a_process_that_never_calls_shutdown_still_exits_promptly(receiver: Receiver) -> None:
