@@ -220,9 +220,12 @@ def test_two_tensor_parallel_workers(model_dir: Path, tmp_path: Path) -> None:
     steps = answer["steps"]
     assert steps["a_again"]["cached_tokens"] == steps["b"]["cached_tokens"] == PREFIX_TOKENS
     assert steps["a_again"]["output"] == steps["a"]["output"]
-    mirrors = re.findall(r"\((Worker_TP\d)\S* pid=\d+\)\S* .*CPU mirror: ", log)
-    assert sorted(mirrors) == ["Worker_TP0", "Worker_TP1"], log[-3000:]
+    # one mirror per worker: the engine core builds none, so the two come
+    # from the two workers (their "(Worker_TPn pid=...)" prefixes cannot be
+    # matched to the lines: two processes writing to one pipe interleave them)
+    assert log.count("CPU mirror: ") == 2, log[-3000:]
     assert re.search(r"\(EngineCore\S* pid=\d+\)\S* INFO .* workers in this process: 0", log)
+    assert {"Worker_TP0", "Worker_TP1"} <= set(re.findall(r"\((Worker_TP\d)\S* pid=\d+\)", log))
     counters = answer["admin"]["cache"]["counters"]
     loaded = PREFIX_TOKENS // GPU_BLOCK_SIZE  # A's prefix, once (B finds it on the GPU)
     assert counters["hit_blocks"] == counters["load_blocks"] == loaded
