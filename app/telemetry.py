@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.context import Context
@@ -226,56 +226,71 @@ class Telemetry:
         (inert when neither is configured)."""
         return TracingObserver(self.tracer_provider, self.logger_provider)
 
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what is buffered; ``False`` if a provider ran out of time."""
+    def _providers(self) -> list[TracerProvider | LoggerProvider | MeterProvider]:
+        return [
+            p
+            for p in (self.tracer_provider, self.logger_provider, self.meter_provider)
+            if p is not None
+        ]
+
+    def _flush(self, timeout_s: float) -> bool:
         millis = int(timeout_s * 1000)
-        ok = True
-        for p in (self.tracer_provider, self.logger_provider, self.meter_provider):
-            if p is not None:
-                ok = bool(p.force_flush(millis)) and ok
-        return ok
+        return all([bool(p.force_flush(millis)) for p in self._providers()])
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        """Export what is buffered, within ``timeout_s``; ``False`` if that
+        was not enough (see :func:`_within`)."""
+        done = _within(timeout_s, lambda: self._flush(timeout_s))
+        if done is None:
+            logger.warning("telemetry flush did not finish within %.1f s", timeout_s)
+        return bool(done)
 
     def shutdown(self, timeout_s: float = 5.0) -> bool:
         """Flush, then stop the export threads, within ``timeout_s`` in all.
-        Idempotent; ``True`` when everything was exported in time.
-
-        The SDK's own bounds do not hold against a collector that is down:
-        the OTLP exporters retry with back-off up to their own timeout (10 s
-        each by default), per signal and again at shutdown. So the flush runs
-        on a daemon thread that is given up on at the deadline (what it still
-        holds is dropped when the process exits, said in one warning)."""
+        Idempotent; ``True`` when everything was exported in time."""
         if self._closed:
             return True
         self._closed = True
         atexit.unregister(self.shutdown)
         if not self.exporting:
             return True
-        outcome: list[bool] = []
 
-        def flush_and_stop() -> None:
-            flushed = self.force_flush(timeout_s)
-            for provider in (self.tracer_provider, self.logger_provider, self.meter_provider):
-                if provider is not None:
-                    provider.shutdown()
-            outcome.append(flushed)
+        def flush_and_stop() -> bool:
+            flushed = self._flush(timeout_s)
+            for provider in self._providers():
+                provider.shutdown()
+            return flushed
 
-        worker = threading.Thread(
-            target=flush_and_stop, name="kvoffload-otel-shutdown", daemon=True
-        )
-        worker.start()
-        worker.join(timeout_s)
-        if not outcome:
+        done = _within(timeout_s, flush_and_stop)
+        if done is None:
             logger.warning(
                 "telemetry export did not finish within %.1f s (is the OTLP collector "
                 "reachable?); what it still holds is dropped",
                 timeout_s,
             )
             return False
-        if not outcome[0]:
+        if not done:
             logger.warning("telemetry flush did not finish within %.1f s", timeout_s)
             return False
         logger.info("telemetry flushed")
         return True
+
+
+def _within(timeout_s: float, work: Callable[[], bool]) -> bool | None:
+    """``work()``'s answer, or ``None`` if it did not finish in ``timeout_s``.
+
+    The SDK's own bounds do not hold against a collector that is down: the
+    OTLP exporters retry with back-off up to their own timeout (10 s each by
+    default) whatever timeout a flush is given. So the work runs on a daemon
+    thread that is given up on at the deadline (what it still holds is
+    dropped when the process exits)."""
+    answer: list[bool] = []
+    worker = threading.Thread(
+        target=lambda: answer.append(work()), name="kvoffload-otel-flush", daemon=True
+    )
+    worker.start()
+    worker.join(timeout_s)
+    return answer[0] if answer else None
 
 
 def setup_telemetry(

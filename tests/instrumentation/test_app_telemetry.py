@@ -227,6 +227,11 @@ def test_shutdown_gives_up_on_a_hung_collector_at_its_deadline(
         telemetry = setup_telemetry()
         telemetry_teardown.append(telemetry)
         _one_step(telemetry.tracing_observer())
+        flushed: list[bool] = []
+        flusher = threading.Thread(target=lambda: flushed.append(telemetry.force_flush(0.5)))
+        flusher.start()
+        flusher.join(120)
+        assert flushed == [False], "force_flush waited for the hung collector"
         outcome: list[bool] = []
         stopper = threading.Thread(target=lambda: outcome.append(telemetry.shutdown(0.5)))
         with caplog.at_level(logging.WARNING, logger="app.telemetry"):
@@ -237,11 +242,11 @@ def test_shutdown_gives_up_on_a_hung_collector_at_its_deadline(
         assert telemetry.shutdown() is True  # idempotent: nothing left to do
     finally:
         receiver.open.set()
-    # the collector answers now: the flush given up on ends, and with it the
+    # the collector answers now: the flushes given up on end, and with them the
     # exporters (left running, their retries' jitter would draw from `random`
     # under later tests' Hypothesis draws in this worker)
     for thread in threading.enumerate():
-        if thread.name == "kvoffload-otel-shutdown":
+        if thread.name == "kvoffload-otel-flush":
             thread.join(60)
             assert not thread.is_alive(), "the given-up flush never ended"
 
