@@ -262,6 +262,12 @@ def _install_openapi(app: FastAPI, settings: Settings, api_routes: Sequence[APIR
                 for method, operation in operations.items():
                     if (path, method) in open_reads:
                         operation.pop("security", None)
+                    body = operation.get("requestBody", {})
+                    if body.get("required"):
+                        # a body that must be sent has no default (reset's
+                        # would be {"confirm": false}, which it refuses)
+                        for media in body.get("content", {}).values():
+                            media.get("schema", {}).pop("default", None)
             app.openapi_schema = schema
         return app.openapi_schema
 

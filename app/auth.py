@@ -59,6 +59,19 @@ def _unauthorized(code: str, message: str, error: str | None = None) -> ApiError
     return ApiError(401, code, message, headers={"WWW-Authenticate": challenge})
 
 
+def _query_holds_token(request: Request) -> bool:
+    """Whether a query parameter's name or value is one of the service's
+    tokens (compared in constant time): such a query is never echoed."""
+    settings = _settings(request)
+    tokens = [t for t in (settings.admin_token, settings.read_token) if t is not None]
+    return any(
+        _matches(part, token)
+        for item in request.query_params.multi_items()
+        for part in item
+        for token in tokens
+    )
+
+
 def _presented_token(request: Request) -> str:
     """The bearer token of the request; 401 when absent or malformed."""
     headers = request.headers.getlist("authorization")
@@ -66,6 +79,7 @@ def _presented_token(request: Request) -> str:
         in_query = (
             " (in the header: the query string is not read)"
             if any(_TOKENISH.search(name) for name in request.query_params)
+            or _query_holds_token(request)
             else ""
         )
         raise _unauthorized(
@@ -178,6 +192,13 @@ def check_query(request: Request, known: set[str]) -> None:
     unknown = sorted(set(names) - known)
     if unknown:
         allowed = ", ".join(sorted(known)) or "none"
+        if _query_holds_token(request):
+            raise ApiError(
+                422,
+                "invalid_request",
+                "the query string holds this service's token; send it only as "
+                f"'Authorization: Bearer <token>' (URLs get logged); this route takes: {allowed}",
+            )
         raise ApiError(
             422,
             "invalid_request",

@@ -11,8 +11,9 @@ that is not a GET) holds bodies to what the API documents instead:
   ``utf-8``), else 415 ``unsupported_media_type``;
 - it is one JSON object in UTF-8, strict JSON (no ``NaN``), else 400
   ``malformed_json`` saying where it went wrong;
-- with each key once, nested no deeper and with numbers no longer than
-  Python's parser reads, else 422 ``invalid_request`` saying which.
+- with each key once, nested no deeper, with numbers no longer than
+  Python's parser reads and none that is not an integer but reads as one
+  (``1.00000000000000001``), else 422 ``invalid_request`` saying which.
 
 FastAPI then parses the body again (its ``json.loads``), with the same
 result: the checks only refuse.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
+from decimal import Decimal
 from typing import Any
 
 from fastapi import Request
@@ -50,6 +52,24 @@ def _no_constant(name: str) -> Any:
     raise ApiError(
         400, "malformed_json", f"the request body is not valid JSON: {name} is not a JSON number"
     )
+
+
+def _number(text: str) -> float:
+    """A JSON number with a fraction or an exponent, as ``json.loads`` reads it;
+    refused when it is not an integer but reads as one (``0.99999999999999999``
+    is 1.0 at double precision: an integer field would take it as 1)."""
+    value = float(text)
+    if value.is_integer():
+        exact = Decimal(text)
+        if exact != exact.to_integral_value():
+            shown = text if len(text) <= 40 else f"{text[:40]}..."
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"the body has the number {shown}, which is not an integer but reads as "
+                f"{int(value)} at double precision; send integers as digits",
+            )
+    return value
 
 
 def _check_media_type(request: Request) -> None:
@@ -85,7 +105,9 @@ async def check_body(request: Request, takes_body: bool) -> None:
             f"the request body is not UTF-8 (byte {exc.start}); send a UTF-8 JSON object",
         ) from None
     try:
-        value = json.loads(text, object_pairs_hook=_unique, parse_constant=_no_constant)
+        value = json.loads(
+            text, object_pairs_hook=_unique, parse_constant=_no_constant, parse_float=_number
+        )
     except json.JSONDecodeError as exc:
         raise ApiError(
             400,

@@ -38,21 +38,22 @@ logger = logging.getLogger(__name__)
 KEEP_ALIVE_S = 5
 
 
-#: query parameters whose values the access log shows; every other value is
-#: masked (a client may have put its token in ``?access_token=``)
+#: query parameters the access log shows; every other one is masked, name
+#: and value (a client may have put its token in ``?access_token=``, or
+#: made it the name: ``?<token>``)
 _LOGGED_QUERY = frozenset({"after_seq", "limit"})
 
 
 class _MaskQuery(logging.Filter):
-    """Masks the values of unknown query parameters in uvicorn's access log
-    lines (``'%s - "%s %s HTTP/%s" %d'``: the target is the third argument)."""
+    """Masks the query parameters the API does not take in uvicorn's access
+    log lines (``'%s - "%s %s HTTP/%s" %d'``: the target is the third argument)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and "?" in str(args[2]):
             path, _, query = str(args[2]).partition("?")
             masked = "&".join(
-                part if part.partition("=")[0] in _LOGGED_QUERY else f"{part.partition('=')[0]}=***"
+                part if part.partition("=")[0] in _LOGGED_QUERY else "***"
                 for part in query.split("&")
             )
             record.args = (*args[:2], f"{path}?{masked}", *args[3:])

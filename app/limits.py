@@ -159,6 +159,46 @@ def _too_large_head(max_bytes: int) -> tuple[bytes, str, str]:
     )
 
 
+def _framing_refusal(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, str, str] | None:
+    """What to answer a request whose headers make its meaning ambiguous
+    (RFC 9112: two Hosts, 3.2; a transfer coding other than one final
+    ``chunked``, 6.1 and 6.3), or ``None``. Two Content-Types would be
+    resolved to the first one by the routes, so they are refused too (two
+    Content-Lengths the parser refuses itself)."""
+    seen: dict[bytes, int] = {}
+    codings: list[bytes] = []
+    for name, value in headers:
+        if name in (b"host", b"content-type"):
+            seen[name] = seen.get(name, 0) + 1
+        elif name == b"transfer-encoding":
+            codings += [c.strip().lower() for c in value.split(b",") if c.strip()]
+    for name, count in seen.items():
+        if count > 1:
+            return (
+                b"400 Bad Request",
+                "bad_request",
+                f"the request has {count} {name.decode().title()} headers; send one "
+                "(the connection closes)",
+            )
+    if not codings or codings == [b"chunked"]:
+        return None
+    shown = ", ".join(c.decode("latin-1") for c in codings)
+    if codings[-1] != b"chunked" or codings.count(b"chunked") > 1:
+        return (
+            b"400 Bad Request",
+            "bad_request",
+            f"'Transfer-Encoding: {shown}' does not frame the body (chunked must come once, "
+            "last); send Content-Length or 'Transfer-Encoding: chunked' (the connection closes)",
+        )
+    return (
+        b"501 Not Implemented",
+        "not_implemented",
+        f"'Transfer-Encoding: {shown}': the only transfer coding served is chunked; send "
+        "the body as it is, with Content-Length or 'Transfer-Encoding: chunked' (the "
+        "connection closes)",
+    )
+
+
 def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Protocol]:
     """An httptools protocol class for ``uvicorn.Config(http=...)`` that closes
     a connection whose request line and headers take longer than ``timeout``
@@ -229,6 +269,8 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
                     "bad_request",
                     "an HTTP/1.1 request needs a Host header; the connection closes",
                 )
+            else:
+                self._refusal = _framing_refusal(self.headers)
             if self._refusal is not None:
                 # the parser stops and calls send_400_response, which sends it
                 raise ValueError(self._refusal[2])
@@ -298,7 +340,16 @@ def header_timeout_protocol(timeout: float, max_bytes: int) -> type[asyncio.Prot
                 b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body)
             )
+            cycle = self.cycle
             if self._answered():
+                self._close_with(answer)
+            elif cycle is not None and cycle.more_body and not cycle.response_started:
+                # the request being served has a body that breaks the framing
+                # (a chunk size that is no number): it will never be in, so
+                # this is its answer, now, not a 408 once the app gives up
+                # waiting; the app sees its client gone and answers nothing
+                cycle.disconnected = True
+                cycle.message_event.set()
                 self._close_with(answer)
             else:
                 self._deferred = answer

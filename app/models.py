@@ -292,6 +292,13 @@ class CacheView(_Response):
         )
 
 
+def _must_be_true(schema: dict[str, Any]) -> None:
+    # required and true in the schema; the model's default (False) only lets
+    # the route answer a missing field `confirmation_required`
+    schema.pop("default", None)
+    schema["const"] = True
+
+
 class ResetRequest(_Request):
     """Reset evicts every resident block that is not in use; say you mean it."""
 
@@ -301,7 +308,7 @@ class ResetRequest(_Request):
     confirm: bool = Field(
         default=False,
         description="must be true: reset drops the cached blocks",
-        json_schema_extra={"const": True},
+        json_schema_extra=_must_be_true,
     )
 
 
@@ -416,8 +423,17 @@ class DrainRequest(_Request):
         le=MAX_EVENTS_LIMIT,
         description=f"remove at most this many oldest records (at most {MAX_EVENTS_LIMIT})",
     )
+    through_seq: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SEQ,
+        strict=False,
+        description="remove only records with seq <= through_seq: the last seq you have "
+        "handled (read with GET /v1/events). A drain repeated after a lost answer then "
+        "removes nothing more; without it, records whose answer was lost are gone",
+    )
 
-    _integer = field_validator("limit", mode="before")(_json_integer)
+    _integer = field_validator("limit", "through_seq", mode="before")(_json_integer)
 
 
 class DrainResult(_Response):

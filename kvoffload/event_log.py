@@ -194,14 +194,38 @@ class EventLog:
                 self._missed += missed
         return page
 
-    def drain(self, limit: int | None = None) -> list[EventRecord]:
-        """Remove and return the oldest records (all of them by default)."""
+    def drain(self, limit: int | None = None, through_seq: int | None = None) -> list[EventRecord]:
+        """Remove and return the oldest records (all of them by default), at
+        most ``limit``, and with ``through_seq`` only those with ``seq <=
+        through_seq``.
+
+        A drain is at most once: records it returns are gone, also for a
+        caller that never got them. ``through_seq`` makes it safe to repeat:
+        read with :meth:`read`, handle the records, then drain through the
+        last seq handled; a drain repeated after a lost answer removes
+        nothing more (``tests/core/test_event_log.py``).
+
+        Raises :class:`~kvoffload.errors.ConfigError` for a ``through_seq``
+        past :attr:`last_seq` (as :meth:`read` does for its cursor) and for
+        arguments that are not ints in range."""
         if limit is not None and (not is_int(limit) or limit <= 0):
             raise ConfigError(f"limit must be a positive int, got {limit!r}")
+        if through_seq is not None:
+            check_int("through_seq", through_seq, 0)
+            # + 1: as in read, a record may be in the ring before last_seq counts it
+            if through_seq > self._last_seq + 1:
+                raise ConfigError(
+                    f"through_seq {through_seq} is ahead of the log, whose newest seq is "
+                    f"{self._last_seq}"
+                )
         out: list[EventRecord] = []
-        popleft = self._ring.popleft
+        ring = self._ring
+        popleft = ring.popleft
         with self._lock:
-            n = len(self._ring) if limit is None else min(limit, len(self._ring))
+            n = len(ring) if limit is None else min(limit, len(ring))
+            if through_seq is not None and n:
+                # seqs in the ring are consecutive: the first n - k are <= through_seq
+                n = max(0, min(n, through_seq - ring[0].seq + 1))
             for _ in range(n):
                 try:
                     out.append(popleft())

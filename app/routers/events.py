@@ -7,11 +7,12 @@ import functools
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from pydantic import BeforeValidator, Field
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from app.auth import GuardedRoute
@@ -107,6 +108,17 @@ _OptionalCursor = Annotated[_Cursor | SkipJsonSchema[None], BeforeValidator(_cur
 STREAMS_FULL_RETRY_AFTER = 5
 
 
+def _cursor_ahead(name: str, seq: int, last: int) -> ApiError:
+    return ApiError(
+        409,
+        "cursor_ahead",
+        f"{name} {seq} is ahead of the log, whose newest seq is {last} (a cursor from before "
+        "the service restarted?); read again from after_seq=0 (the oldest records kept) or "
+        f"{last} (new ones only)",
+        last_seq=last,
+    )
+
+
 @router.get(
     "/events",
     response_model=EventPageView,
@@ -129,14 +141,7 @@ async def read_events(
 ) -> Response:
     last = log.last_seq
     if after_seq > last:
-        raise ApiError(
-            409,
-            "cursor_ahead",
-            f"after_seq {after_seq} is ahead of the log, whose newest seq is {last} (a cursor "
-            "from before the service restarted?); read again from after_seq=0 (the oldest "
-            f"records kept) or {last} (new ones only)",
-            last_seq=last,
-        )
+        raise _cursor_ahead("after_seq", after_seq, last)
 
     page = log.read(after_seq, limit)
     newest = log.last_seq
@@ -159,21 +164,31 @@ async def read_events(
     response_model=DrainResult,
     summary="Remove and return the oldest events (destructive)",
     description=f"Without a body, drains up to {MAX_EVENTS_LIMIT} records. Readers whose "
-    "cursor pointed at drained records are told they missed them.",
+    "cursor pointed at drained records are told they missed them. Records whose answer "
+    "is lost on the way are gone: to lose none, read with `GET /v1/events`, then drain "
+    "with `through_seq` (the last seq handled), which is safe to repeat. A client that "
+    "has gone before its drain is made drains nothing.",
     responses=error_responses(400, 401, 403, 408, 409, 413, 415, 422),
 )
 async def drain_events(
     _: AdminAccess,
+    request: Request,
     service: ServiceDep,
     log: EventLogDep,
     body: Annotated[DrainRequest, Body()] = DrainRequest(),  # noqa: B008 (read only)
 ) -> Response:
-    limit = body.limit
+    limit, through = body.limit, body.through_seq
+    if through is not None and through > log.last_seq:
+        raise _cursor_ahead("through_seq", through, log.last_seq)
+    if await request.is_disconnected():
+        # nobody to hand the records to (a client that timed out waiting):
+        # no answer, counted `closed` (app.limits)
+        raise ClientDisconnect
     with service.tracer.start_as_current_span(
         "kvoffload.admin.drain_events",
         attributes={"kvoffload.admin.action": "drain_events", "kvoffload.admin.limit": limit},
     ) as span:
-        records = log.drain(limit)
+        records = log.drain(limit, through)
         span.set_attributes(
             {"kvoffload.admin.outcome": "applied", "kvoffload.events.drained": len(records)}
         )

@@ -54,7 +54,7 @@ class _SharedEventLog(EventLog):
     both read after a cursor, so a drain, which would take records from the
     other, is refused (409 ``not_supported`` through the API)."""
 
-    def drain(self, limit: int | None = None) -> list[EventRecord]:
+    def drain(self, limit: int | None = None, through_seq: int | None = None) -> list[EventRecord]:
         raise UnsupportedCommandError(
             "inside vLLM the event log also feeds vLLM's take_events (its KV events), so "
             "it is not drained; read it with GET /v1/events?after_seq=N, which removes nothing"

@@ -78,3 +78,18 @@ def test_every_block_count_of_the_cache_view_says_which_block_it_counts() -> Non
             assert "tokens per" in text, name
         else:
             assert "offloaded block" in text or "gpu block" in text, name
+
+
+def test_nothing_required_has_a_default() -> None:
+    # a default on what must be sent contradicts it: reset's body and its
+    # `confirm` had the default false, the one value the route refuses
+    document = APP.openapi()
+    for name, component in document["components"]["schemas"].items():
+        for field in component.get("required", ()):
+            assert "default" not in component["properties"][field], (name, field)
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            body = operation.get("requestBody", {})
+            if body.get("required"):
+                for media in body["content"].values():
+                    assert "default" not in media["schema"], (method, path)

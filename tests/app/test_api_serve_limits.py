@@ -20,6 +20,7 @@ import pytest
 from served import (
     ADMIN,
     READ,
+    READ_TOKEN,
     TOKEN,
     Served,
     free_port,
@@ -553,9 +554,37 @@ def test_what_the_http_parser_refuses_has_the_error_shape(server: Served) -> Non
             "HTTP/2.0 is not served",
         ),
         (b"GET /livez HTTP/1.0\r\n\r\n", 200, None, None),  # 1.0 has no Host
+        # RFC 9112, 3.2: two Hosts (was answered 200, the first one read)
+        (b"GET /livez HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "bad_request", "2 Host"),
+        # a second Content-Type was ignored, the body read as the first one said
+        (
+            b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Type: text/plain\r\nContent-Length: 16\r\n\r\n{"policy":"arc"}',
+            400,
+            "bad_request",
+            "2 Content-Type headers",
+        ),
+        # RFC 9112, 6.1: a coding not served is a 501 (a gzip body was read as
+        # JSON and applied)
+        (
+            b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Transfer-Encoding: gzip, chunked\r\n\r\n10\r\n{"policy":"arc"}\r\n0\r\n\r\n',
+            501,
+            "not_implemented",
+            "only transfer coding served is chunked",
+        ),
+        # RFC 9112, 6.3: chunked not last leaves the length unknown (was a 408
+        # after the body timeout)
+        (
+            b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: gzip\r\n\r\n{}",
+            400,
+            "bad_request",
+            "does not frame the body",
+        ),
     ],
 )
-def test_the_http_version_and_host_are_checked(
+def test_the_http_version_host_and_framing_are_checked(
     server: Served, request_: bytes, status: int, code: str | None, says: str | None
 ) -> None:
     answer = raw_request(server.port, request_)
@@ -567,6 +596,20 @@ def test_the_http_version_and_host_are_checked(
         error = json.loads(body)["error"]
         assert error["code"] == code
         assert says in error["message"]
+
+
+def test_a_body_whose_chunks_do_not_parse_is_answered_at_once(server: Served) -> None:
+    # a chunk size that is no number: the body can never be in, so the
+    # parser's 400 is the answer, not a 408 after the body timeout (10 s)
+    answer = raw_request(
+        server.port,
+        b"PUT /v1/policy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n0\r\n\r\n" % TOKEN.encode(),
+    )
+    assert status_of(answer) == 400, answer[:300]  # was 408
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "bad_request"
+    assert httpx.get(f"{server.base}/v1/policy", headers=READ).status_code == 200
 
 
 def counted_since(base: str, before: dict[str, float]) -> dict[str, float]:
@@ -717,9 +760,20 @@ def test_a_token_in_the_query_string_is_masked_in_the_access_log(tmp_path: Path)
         r = httpx.put(f"{base}/v1/policy?access_token={secret}&limit=3", json={"policy": "arc"})
         assert r.status_code == 401
         assert httpx.get(f"{base}/v1/events?limit=2&after_seq=0", headers=READ).status_code == 200
+        # the service's own token as a parameter's name: masked too, never echoed
+        bare = httpx.put(f"{base}/v1/policy?{TOKEN}", json={"policy": "arc"})
+        assert bare.status_code == 401
+        assert "the query string is not read" in bare.json()["error"]["message"]
+        unknown = httpx.get(f"{base}/v1/cache?{READ_TOKEN}&limit=1", headers=READ)
+        assert unknown.status_code == 422
+        assert "holds this service's token" in unknown.json()["error"]["message"]
+        answers = bare.text + unknown.text
     text = log_path.read_text()
-    assert secret not in text
-    assert "/v1/policy?access_token=***&limit=3 " in text
+    for token in (secret, TOKEN, READ_TOKEN):
+        assert token not in text
+        assert token not in answers
+    assert "/v1/policy?***&limit=3 " in text
+    assert "/v1/policy?*** " in text and "/v1/cache?***&limit=1 " in text
     assert "/v1/events?limit=2&after_seq=0 " in text  # what the API takes is shown
 
 

@@ -268,6 +268,39 @@ def test_booleans_strings_and_numbers_past_2_53_are_not_integers(
     assert client.get("/v1/policy").json()["version"] == 1  # nothing switched
 
 
+@pytest.mark.parametrize(
+    ("target", "number"),
+    [
+        ("/v1/events:drain", "0.99999999999999999"),  # was taken as 1, and drained one
+        ("/v1/events:drain", "10000.0000000000001"),  # was taken as 10000
+        ("/v1/events:drain", "1e-400"),  # reads as 0
+        ("/v1/policy:validate", "1.00000000000000001"),
+    ],
+)
+def test_a_fraction_that_reads_as_an_integer_is_refused(
+    client: TestClient, target: str, number: str
+) -> None:
+    field = "limit" if target.endswith("drain") else "expected_version"
+    extra = '"policy": "arc", ' if field == "expected_version" else ""
+    before = client.get("/v1/cache").json()["events"]["drained"]
+    r = client.post(
+        target,
+        content=f'{{{extra}"{field}": {number}}}',
+        headers={**ADMIN_HEADERS, "Content-Type": "application/json"},
+    )
+    error_of(r, 422, "invalid_request")
+    message = r.json()["error"]["message"]
+    assert number in message and "not an integer but reads as" in message
+    assert client.get("/v1/cache").json()["events"]["drained"] == before
+    # what JSON Schema calls an integer is still taken
+    ok = client.post(
+        target,
+        content=f'{{{extra}"{field}": 1.0}}',
+        headers={**ADMIN_HEADERS, "Content-Type": "application/json"},
+    )
+    assert ok.status_code == 200, ok.text
+
+
 def test_cursors_and_versions_of_2_53_minus_1_are_taken(client: TestClient) -> None:
     # the largest value is a value, answered as such: a stale version, a
     # cursor ahead of the log; not refused as out of range

@@ -171,6 +171,26 @@ def test_event_log_drain_removes_oldest_first() -> None:
     assert log.stats().drained == 5
 
 
+def test_event_log_drain_through_seq_is_safe_to_repeat() -> None:
+    # a drain's answer lost on the way took its records with it; a consumer
+    # that reads, handles and then drains through what it handled can repeat
+    # the drain and lose nothing
+    log = EventLog(capacity=8)
+    _fill(log, 12)  # seqs 5..12 kept
+    page = log.read(0, limit=3)
+    handled = page.records[-1].seq
+    assert handled == 7
+    assert [r.seq for r in log.drain(through_seq=handled)] == [5, 6, 7]
+    assert log.drain(through_seq=handled) == []  # the repeat removes nothing more
+    assert log.drain(through_seq=3) == []  # behind the oldest kept
+    assert [r.seq for r in log.drain(limit=2, through_seq=12)] == [8, 9]  # the smaller bound
+    assert _seqs(log) == [10, 11, 12]
+    assert log.stats().drained == 5
+    with pytest.raises(ConfigError, match="through_seq 14 is ahead of the log"):
+        log.drain(through_seq=14)
+    assert [r.seq for r in log.drain(through_seq=12)] == [10, 11, 12]
+
+
 @pytest.mark.parametrize(
     "call",
     [
@@ -178,8 +198,10 @@ def test_event_log_drain_removes_oldest_first() -> None:
         lambda log: log.read(after_seq=-1),
         lambda log: log.read(limit=0),
         lambda log: log.drain(limit=0),
+        lambda log: log.drain(through_seq=-1),
+        lambda log: log.drain(through_seq=True),
     ],
-    ids=["capacity", "after_seq", "read-limit", "drain-limit"],
+    ids=["capacity", "after_seq", "read-limit", "drain-limit", "through-negative", "through-bool"],
 )
 def test_event_log_rejects_bad_arguments(call: object) -> None:
     with pytest.raises(ConfigError):
