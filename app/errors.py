@@ -9,6 +9,7 @@ and anything unexpected into that shape.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -51,6 +52,9 @@ class ValidationIssue(BaseModel):
     loc: list[str | int] = Field(description="where: location then field path")
     msg: str
     type: str
+    allowed: str | None = Field(
+        None, description="what the field takes, from this document (where it has a schema)"
+    )
 
 
 class ErrorInfo(BaseModel):
@@ -182,25 +186,94 @@ _FASTAPI_BODY_PARSE_ERROR = "There was an error parsing the body"
 
 def _issue_text(issue: Mapping[str, Any]) -> str:
     loc = ".".join(str(part) for part in issue.get("loc", ()))
-    return f"{loc}: {issue.get('msg', 'invalid')}" if loc else str(issue.get("msg", "invalid"))
+    text = f"{loc}: {issue.get('msg', 'invalid')}" if loc else str(issue.get("msg", "invalid"))
+    allowed = issue.get("allowed")
+    return f"{text} (allowed: {allowed})" if allowed else text
 
 
 #: issues an answer lists; its message says how many more there were
 MAX_ISSUES = 20
 
 
-def _issues(errors: Sequence[Any]) -> list[dict[str, Any]]:
+def _issues(errors: Sequence[Any], request: Request | None = None) -> list[dict[str, Any]]:
     out = []
     for raw in errors[:MAX_ISSUES]:
         issue = raw if isinstance(raw, Mapping) else {}
-        out.append(
-            {
-                "loc": [p if isinstance(p, int) else str(p) for p in issue.get("loc", ())],
-                "msg": str(issue.get("msg", "invalid")),
-                "type": str(issue.get("type", "value_error")),
-            }
-        )
+        loc = [p if isinstance(p, int) else str(p) for p in issue.get("loc", ())]
+        item = {
+            "loc": loc,
+            "msg": str(issue.get("msg", "invalid")),
+            "type": str(issue.get("type", "value_error")),
+        }
+        allowed = _allowed(request, loc) if request is not None else None
+        if allowed:
+            item["allowed"] = allowed
+        out.append(item)
     return out
+
+
+def _allowed(request: Request, loc: list[str | int]) -> str | None:
+    """What the field at ``loc`` takes, said from the app's own OpenAPI
+    document (the contract the client can read), or ``None``."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not loc:
+        return None
+    method = "get" if request.method == "HEAD" else request.method.lower()
+    document = request.app.openapi()
+    operation = document.get("paths", {}).get(route.path, {}).get(method)
+    if operation is None:
+        return None
+    where = loc[0]
+    if where == "body":
+        media = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+        body = _resolve(document, media.get("schema", {}))
+        fields = body.get("properties", {})
+        field = fields.get(str(loc[1])) if len(loc) > 1 else None
+        if field is not None:
+            return _describe(_resolve(document, field))
+        required = set(body.get("required", ()))
+        names = [f"{name} (required)" if name in required else name for name in fields]
+        return f"a JSON object with the fields {', '.join(names)}" if names else None
+    if where in ("query", "header") and len(loc) > 1:
+        for parameter in operation.get("parameters", ()):
+            if parameter.get("in") == where and parameter["name"].lower() == str(loc[1]).lower():
+                return _describe(_resolve(document, parameter.get("schema", {})))
+    return None
+
+
+def _resolve(document: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+        resolved: Mapping[str, Any] = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        return resolved
+    return schema
+
+
+def _describe(schema: Mapping[str, Any]) -> str | None:
+    """A JSON Schema of the kinds the API's fields use, in words."""
+    if "anyOf" in schema:
+        parts = [_describe(part) for part in schema["anyOf"]]
+        return " or ".join(p for p in parts if p) or None
+    if "const" in schema:
+        return json.dumps(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    kind = schema.get("type")
+    if kind == "integer":
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if low is not None and high is not None:
+            return f"an integer from {int(low)} to {int(high)}"
+        if low is not None:
+            return f"an integer of at least {int(low)}"
+        return "an integer"
+    if kind == "string":
+        longest = schema.get("maxLength")
+        return f"a string of at most {longest} characters" if longest else "a string"
+    if kind == "boolean":
+        return "true or false"
+    if kind == "null":
+        return "null"
+    return None
 
 
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
@@ -213,7 +286,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     # a body of 60,000 unknown keys was a 5 MB answer rendered on the event
     # loop (5 s): the answer lists the first MAX_ISSUES, the message counts all
     errors = exc.errors()
-    issues = _issues(errors)
+    issues = _issues(errors, request)
     more = len(errors) - len(issues)
     if any(i["type"] == "json_invalid" for i in issues):
         return _malformed_body(issues)

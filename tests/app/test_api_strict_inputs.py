@@ -451,3 +451,46 @@ def test_a_page_of_more_than_100_events_is_rendered_off_the_loop(
     small = client.get("/v1/events?after_seq=0&limit=100")
     assert small.status_code == 200 and len(small.json()["events"]) == 100
     assert rendered == [(101, False), (100, True)]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "body", "allowed"),
+    [
+        ("PUT", "/v1/policy", {"policy": 1}, 'one of "arc", "hkvarc", "kvarc", "lru"'),
+        ("PUT", "/v1/policy", {}, 'one of "arc", "hkvarc", "kvarc", "lru"'),
+        ("PUT", "/v1/policy", {"policy": "x" * 100}, 'one of "arc", "hkvarc", "kvarc", "lru"'),
+        ("POST", "/v1/cache:reset", {"confirm": 1}, "true"),
+        ("POST", "/v1/events:drain", {"limit": None}, "an integer from 1 to 10000"),
+        (
+            "POST",
+            "/v1/events:drain",
+            {"limits": 3},
+            "a JSON object with the fields limit, through_seq",
+        ),
+        (
+            "GET",
+            "/v1/events?after_seq=" + "9" * 5000,
+            None,
+            "an integer from 0 to 9007199254740991",
+        ),
+        ("GET", "/v1/events?limit=0", None, "an integer from 1 to 10000"),
+    ],
+    ids=[
+        "policy 1",
+        "no policy",
+        "long policy",
+        "confirm 1",
+        "limit null",
+        "unknown field",
+        "huge cursor",
+        "limit 0",
+    ],
+)
+def test_a_field_refused_says_what_it_takes(
+    client: TestClient, method: str, target: str, body: dict[str, Any] | None, allowed: str
+) -> None:
+    # the messages said what was wrong only ("Input should be a valid
+    # string"); they now say what is allowed too, from the OpenAPI document
+    r = client.request(method, target, json=body, headers=ADMIN_HEADERS)
+    assert f"(allowed: {allowed}" in error_of(r, 422, "invalid_request")
+    assert allowed in r.json()["error"]["issues"][0]["allowed"]
