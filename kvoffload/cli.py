@@ -146,12 +146,14 @@ def _build_parser() -> OneLineParser:
     )
     replay.add_argument(
         "--lookahead",
-        type=_lookahead,
-        default=0,
-        metavar="W",
+        type=_lookaheads,
+        action="append",
+        default=None,
+        metavar="W[,W...]",
         help=(
-            "hint the next W requests to the manager while one is served, as an engine's "
-            "waiting queue would (policies that use hints: hkvarc; the others ignore them); "
+            "comma-separated windows, repeatable: hint the next W requests to the manager "
+            "while one is served, as an engine's waiting queue would (policies that use "
+            "hints: hkvarc; the others ignore them); every policy is replayed at each W; "
             "with W > 0 the table adds Belady with bypass ('bypass hit'), the bound for a "
             "policy that may decline stores; default 0"
         ),
@@ -217,14 +219,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _lookahead(text: str) -> int:
-    value = _whole_number(text, 0)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a number of requests to hint ahead in plain digits, 0 to "
-            f"{MAX_INT_OPTION}, got {abridged(text)}"
-        )
-    return value
+def _lookaheads(text: str) -> list[int]:
+    """A comma-separated list of windows, each in plain digits (as
+    :func:`_whole_number` takes them), from 0 up."""
+    windows = []
+    for item in text.split(","):
+        value = _whole_number(item, 0)
+        if value is None:
+            what = abridged(item) if item else "an empty item"
+            raise argparse.ArgumentTypeError(
+                f"expected a number of requests to hint ahead in plain digits, 0 to "
+                f"{MAX_INT_OPTION}, got {what}" + (f" in {abridged(text)}" if "," in text else "")
+            )
+        windows.append(value)
+    return windows
 
 
 def _split(texts: Sequence[str], what: str) -> list[str]:
@@ -279,7 +287,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     _build_policies(
         policies, sorted({c for _, _, caps in traces for c in caps}), args.trace_block_size
     )
-    rows, failures = _replay_all(traces, policies, args.lookahead)
+    rows, failures = _replay_all(traces, policies, _windows(args.lookahead))
     if args.json:
         _write_stdout(lambda out: _print_json(rows, traces, out))
     else:
@@ -308,17 +316,28 @@ def _load_traces(
     return traces
 
 
+def _windows(lists: Sequence[list[int]] | None) -> list[int]:
+    """The windows ``--lookahead`` names, in order (``[0]`` without it);
+    :class:`UsageError` for one named twice."""
+    windows = [w for listed in lists or [[0]] for w in listed]
+    for n, w in enumerate(windows):
+        if w in windows[:n]:
+            raise UsageError(f"lookahead {w} is given twice; give each window once")
+    return windows
+
+
 def _replay_all(
-    traces: Sequence[_Trace], policies: Sequence[str], lookahead: int
+    traces: Sequence[_Trace], policies: Sequence[str], windows: Sequence[int]
 ) -> tuple[list[_Row], list[str]]:
-    """Every (trace, capacity, policy) run, in that order, and one message per
-    policy that raised: it is not run again, the others go on."""
+    """Every (trace, capacity, window, policy) run, in that order, and one
+    message per policy that raised: it is not run again, the others go on."""
     from kvoffload.replay import ReplayError, belady, replay
 
     # Belady counts as one more pass over the requests per capacity, and with
     # hints (policies may decline stores) Belady with bypass as another
-    bounds = 2 if lookahead else 1
-    total = sum(t.requests * len(caps) * (len(policies) + bounds) for t, _, caps in traces)
+    bounds = 2 if any(windows) else 1
+    runs = len(policies) * len(windows) + bounds
+    total = sum(t.requests * len(caps) * runs for t, _, caps in traces)
     rows: list[_Row] = []
     failures: dict[str, str] = {}  # policy -> why it stopped
     # the bar goes to stderr, so stdout stays clean for --json
@@ -328,24 +347,25 @@ def _replay_all(
                 bound = belady(trace.block_hashes, capacity, progress=advance)
                 bypass = (
                     belady(trace.block_hashes, capacity, bypass=True, progress=advance)
-                    if lookahead
+                    if any(windows)
                     else None
                 )
-                for policy in policies:
-                    if policy in failures:
-                        continue
-                    try:
-                        result = replay(
-                            trace,
-                            policy=policy,
-                            capacity=capacity,
-                            progress=advance,
-                            lookahead=lookahead,
-                        )
-                    except ReplayError as exc:  # the policy's own code raised
-                        failures[policy] = str(exc)
-                        continue
-                    rows.append(_Row(result, bound, unique, bypass))
+                for window in windows:
+                    for policy in policies:
+                        if policy in failures:
+                            continue
+                        try:
+                            result = replay(
+                                trace,
+                                policy=policy,
+                                capacity=capacity,
+                                progress=advance,
+                                lookahead=window,
+                            )
+                        except ReplayError as exc:  # the policy's own code raised
+                            failures[policy] = str(exc)
+                            continue
+                        rows.append(_Row(result, bound, unique, bypass if window else None))
     return rows, list(failures.values())
 
 

@@ -223,6 +223,38 @@ def test_cli_replay_lookahead_hints_the_queue_and_only_hkvarc_uses_it() -> None:
     assert ratios["hkvarc", 64] > ratios["kvarc", 64] + 0.01
 
 
+def test_cli_replay_compares_several_windows_in_one_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the runs of "--lookahead 0,16 --lookahead 64" are those of one window
+    # at a time, in (capacity, window, policy) order; bypass only where hinted
+    common = ["replay", SYNTHETIC, "--capacity", "1%,5%", "--limit", "600", "--json"]
+    common += ["--policy", "lru,hkvarc"]
+    status, out, err = run_main([*common, "--lookahead", "0,16", "--lookahead", "64"], capsys)
+    assert status == 0, err
+    runs = json.loads(out)["runs"]
+    key = ("capacity_blocks", "lookahead", "policy")
+    assert [tuple(r[k] for k in key) for r in runs] == [
+        (capacity, w, policy)
+        for capacity in json.loads(out)["traces"][0]["capacities"]
+        for w in (0, 16, 64)
+        for policy in ("lru", "hkvarc")
+    ]
+    alone = []
+    for w in ("0", "16", "64"):
+        status, out, err = run_main([*common, "--lookahead", w], capsys)
+        assert status == 0, err
+        alone += json.loads(out)["runs"]
+    timed = ("wall_seconds", "block_ops_per_second")
+
+    def by_run(rs: list[dict[str, object]]) -> dict[tuple[object, ...], dict[str, object]]:
+        return {tuple(r[k] for k in key): {k: r[k] for k in r if k not in timed} for r in rs}
+
+    assert by_run(runs) == by_run(alone)
+    for r in runs:
+        assert (r["belady_bypass_hit_ratio"] is None) == (r["lookahead"] == 0)
+
+
 def test_cli_replay_with_hints_bounds_declined_stores_by_belady_with_bypass() -> None:
     # hkvarc declines stores with hints: at 1% of the synthetic trace it beats
     # Belady as the replay stores (everything), and stays under Belady with bypass
@@ -303,6 +335,13 @@ def test_cli_errors_exit_2_with_one_line() -> None:
             "0 to 9223372036854775807, got '-8'",
         ),
         (["replay", SYNTHETIC, "--lookahead", "many"], "argument --lookahead: expected"),
+        (["replay", SYNTHETIC, "--lookahead", "0,+3"], "got '+3' in '0,+3'"),
+        (["replay", SYNTHETIC, "--lookahead", "0, 8"], "got ' 8' in '0, 8'"),
+        (["replay", SYNTHETIC, "--lookahead", "0,,8"], "got an empty item in '0,,8'"),
+        (
+            ["replay", SYNTHETIC, "--lookahead", "8,32", "--lookahead", "8"],
+            "lookahead 8 is given twice; give each window once",
+        ),
         (["replay", SYNTHETIC, "--bogus"], "kvoffload replay: error: unrecognized arguments"),
         (["replay"], "the following arguments are required: TRACE"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
