@@ -169,8 +169,9 @@ def start_engine(
     return engine, prometheus
 
 
-def stop_engine(engine: Engine, settings: Settings) -> None:
-    """Stop ``engine`` (in-flight jobs finish first) and say how it ended."""
+def stop_engine(engine: Engine, settings: Settings) -> bool:
+    """Stop ``engine`` (in-flight jobs finish first), say how it ended, and
+    answer whether it stopped cleanly."""
     logger.info("stopping the engine; in-flight transfer jobs finish first")
     final = engine.stop(settings.stop_timeout)
     m = final.manager
@@ -183,13 +184,14 @@ def stop_engine(engine: Engine, settings: Settings) -> None:
             m.used,
             m.capacity,
         )
-    else:
-        logger.error(
-            "engine did not stop cleanly within %.1f s: state %s, %d blocks in flight",
-            settings.stop_timeout,
-            final.state,
-            m.in_flight,
-        )
+        return True
+    logger.error(
+        "engine did not stop cleanly within %.1f s: state %s, %d blocks in flight",
+        settings.stop_timeout,
+        final.state,
+        m.in_flight,
+    )
+    return False
 
 
 def log_access(settings: Settings, where: str) -> None:

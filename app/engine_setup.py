@@ -100,6 +100,11 @@ def preloaded_engine_factory(
     returned factory builds the engine from them later."""
     config = engine_config(settings)
     workload = load_workload(settings)
+    if workload is not None:
+        try:
+            Engine.check_workload(config, workload)
+        except ConfigError as exc:
+            raise type(exc)(_in_settings_words(str(exc))) from exc
 
     def build(_: Settings, observers: Sequence[EngineObserver]) -> Engine:
         return Engine(config, workload, observers)

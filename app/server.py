@@ -22,6 +22,7 @@ from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
 __all__ = [
     "EXIT_OK",
     "EXIT_STARTUP_FAILED",
+    "EXIT_UNCLEAN_STOP",
     "EXIT_USAGE",
     "GIL_SWITCH_INTERVAL",
     "pin_threads",
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_STARTUP_FAILED = 1
 EXIT_USAGE = 2
+#: stopped, but the engine did not within --stop-timeout (the log says how far it got)
+EXIT_UNCLEAN_STOP = 3
 
 #: seconds a thread may hold the GIL while another waits (CPython default 5 ms)
 GIL_SWITCH_INTERVAL = 0.0005
@@ -140,7 +143,8 @@ def serve(settings: Settings) -> int:
         logger.error("%s", exc)
         code = EXIT_STARTUP_FAILED
     finally:
-        stop_engine(engine, settings)
+        if not stop_engine(engine, settings) and code == EXIT_OK:
+            code = EXIT_UNCLEAN_STOP
         telemetry.shutdown()
         logger.info("shutdown complete")
         for sig, handler in previous.items():

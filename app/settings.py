@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.policy_name import SettingsPolicyName
 from kvoffload.policies import available_policies, import_policy_modules
+from kvoffload.runtime.config import MAX_WAITING_REQUESTS
 
 __all__ = ["ENV_PREFIX", "RENAMED", "LogLevel", "Settings", "env_name", "flag_name", "is_loopback"]
 
@@ -108,8 +109,9 @@ class Settings(BaseSettings):
     )
     max_waiting_requests: PositiveInt = Field(
         default=64,
-        description="requests that may wait to be served (at least max_requests_per_step): "
-        "the queue the engine hints to the manager, what hkvarc sees ahead",
+        description="requests that may wait to be served (at least max_requests_per_step, "
+        f"at most {MAX_WAITING_REQUESTS}): the queue the engine hints to the manager, what "
+        "hkvarc sees ahead",
     )
     inject_failure_rate: float = Field(
         default=0.0,

@@ -51,6 +51,15 @@ class Arrivals:
         self._next = None
         return r
 
+    def pause(self) -> None:
+        """Stop the workload's clock: until :meth:`resume`, no more time
+        passes for the requests to come (a paused replay builds no backlog)."""
+        self._pacer.pause()
+
+    def resume(self) -> None:
+        """Start the clock again where :meth:`pause` stopped it."""
+        self._pacer.resume()
+
 
 class WaitingQueue:
     """Requests that have arrived but are not served yet, oldest first.
@@ -85,13 +94,17 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._waiting)
 
-    def admit(self, *, at_least_one: bool = False) -> int:
-        """Move the due requests in (while there is room); how many joined.
-        With ``at_least_one``, an empty queue takes the next request even if
-        it is not due yet (a step run by hand does not wait for the clock)."""
+    def admit(self, *, at_least_one: bool = False, limit: int | None = None) -> int:
+        """Move the due requests in (while there is room, at most ``limit``
+        of them); how many joined. With ``at_least_one``, an empty queue
+        takes the next request even if it is not due yet (a step run by hand
+        does not wait for the clock)."""
         joined = 0
         arrivals = self.arrivals
-        while len(self._waiting) < self.capacity and arrivals.peek() is not None:
+        room = self.capacity - len(self._waiting)
+        if limit is not None:
+            room = min(room, limit)
+        while joined < room and arrivals.peek() is not None:
             if arrivals.due_in() > 0 and not (at_least_one and not self._waiting):
                 break
             r = arrivals.take()

@@ -11,10 +11,13 @@ from kvoffload.errors import ConfigError
 from kvoffload.policies import policy_class
 from kvoffload.transfer.layout import LAYOUTS, Layout
 
-__all__ = ["EngineConfig"]
+__all__ = ["MAX_WAITING_REQUESTS", "EngineConfig"]
 
 #: the KV tensors' dtypes, by their torch names
 DTYPES = ("float16", "bfloat16", "float32")
+#: the longest waiting queue: every request in it is held in memory with its
+#: block hashes and hinted (about 5 KB each for the built-in workload)
+MAX_WAITING_REQUESTS = 100_000
 
 
 def _is_device_name(device: object) -> bool:
@@ -53,7 +56,8 @@ class EngineConfig:
     #: requests scheduled per engine step
     max_requests_per_step: int = 4
     #: requests that may wait, arrived but not served (at full speed: the
-    #: next requests of the workload); at least ``max_requests_per_step``
+    #: next requests of the workload); at least ``max_requests_per_step``, at
+    #: most :data:`MAX_WAITING_REQUESTS`
     max_waiting_requests: int = 64
     event_log_capacity: int = 10_000
     #: trace seconds per wall second (None = as fast as possible)
@@ -91,6 +95,11 @@ class EngineConfig:
                 f"num_gpu_blocks ({self.num_gpu_blocks}) must hold one offloaded block "
                 f"({self.block_factor} GPU blocks); raise num_gpu_blocks or lower "
                 "offloaded_block_size"
+            )
+        if self.max_waiting_requests > MAX_WAITING_REQUESTS:
+            raise ConfigError(
+                f"max_waiting_requests must be at most {MAX_WAITING_REQUESTS} (each waiting "
+                f"request is held in memory and hinted), got {self.max_waiting_requests}"
             )
         if self.max_waiting_requests < self.max_requests_per_step:
             raise ConfigError(

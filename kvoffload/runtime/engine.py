@@ -3,7 +3,10 @@
 Requests that have arrived wait in a queue
 (:mod:`~kvoffload.runtime.arrivals`, at most ``max_waiting_requests``), each
 hinted to the manager as it joins and unhinted right before it is served, so
-the manager's hint window is the queue whatever the policy; each step takes the
+the manager's hint window is the queue whatever the policy. At most
+:data:`ADMIT_PER_STEP` (or ``max_requests_per_step``, if more) join before a
+step and as many after it, so that a step stays short however long the queue
+may grow (at full speed a long queue fills over several steps); each step takes the
 oldest, up to ``max_requests_per_step``, and serves each one's blocks in the order
 vLLM's offloading connector uses (:mod:`~kvoffload.runtime.scheduling`);
 finished transfer jobs are completed between requests
@@ -57,9 +60,13 @@ from kvoffload.transfer.cpu_gpu import (
 from kvoffload.transfer.faults import FaultInjectingHandler
 from kvoffload.transfer.worker import OffloadingHandler, OffloadingWorker
 
-__all__ = ["Engine", "EngineConfig"]
+__all__ = ["ADMIT_PER_STEP", "Engine", "EngineConfig"]
 
 logger = logging.getLogger(__name__)
+
+#: requests that may join the waiting queue at a time (each is hashed and
+#: hinted as it joins): a step, and the commands that wait for it, stay short
+ADMIT_PER_STEP = 256
 
 _STOP = object()
 #: what the command queue holds besides ``_STOP``
@@ -89,16 +96,7 @@ class Engine:
                     SyntheticConfig(seed=config.seed, trace_block_size=config.offloaded_block_size)
                 )
             )
-        tbs = workload.trace_block_size
-        if not is_int(tbs) or tbs <= 0:
-            raise ConfigError(
-                f"the workload's block size must be a positive integer (tokens), got {tbs!r}"
-            )
-        if tbs % config.gpu_block_size and config.gpu_block_size % tbs:
-            raise ConfigError(
-                f"the workload's block size {tbs} and gpu_block_size {config.gpu_block_size} "
-                "must divide one another"
-            )
+        self.check_workload(config, workload)
         self.workload = workload
         # Described once: a trace's description scans every request, and a
         # snapshot is taken after every step.
@@ -158,9 +156,11 @@ class Engine:
         # queue order) and unhinted right before it is served: ``_hinted``
         # holds their blocks and tickets, aligned with the queue (both FIFO).
         self._hinted: deque[tuple[Request, RequestBlocks, int]] = deque()
+        self._arrivals = Arrivals(workload, config.speed)
         self._queue = WaitingQueue(
-            Arrivals(workload, config.speed), config.max_waiting_requests, on_arrival=self._hint
+            self._arrivals, config.max_waiting_requests, on_arrival=self._hint
         )
+        self._admit_per_step = max(ADMIT_PER_STEP, config.max_requests_per_step)
         self._state: EngineState = "created"
         self._policy_version = 1
         self._last_commands: Mapping[CommandKind, CommandResult] = MappingProxyType({})
@@ -173,6 +173,22 @@ class Engine:
         self._runner: int | None = None
         self._start_lock = threading.Lock()
         self._snapshot = self._take_snapshot()
+
+    @staticmethod
+    def check_workload(config: EngineConfig, workload: Workload) -> None:
+        """:class:`ConfigError` unless ``workload``'s blocks fit ``config``: a
+        positive ``trace_block_size`` that ``gpu_block_size`` divides, or
+        divides."""
+        tbs = workload.trace_block_size
+        if not is_int(tbs) or tbs <= 0:
+            raise ConfigError(
+                f"the workload's trace_block_size must be a positive integer (tokens), got {tbs!r}"
+            )
+        if tbs % config.gpu_block_size and config.gpu_block_size % tbs:
+            raise ConfigError(
+                f"the workload's trace_block_size ({tbs}) and gpu_block_size "
+                f"({config.gpu_block_size}) must divide one another"
+            )
 
     def _check_memory(self) -> None:
         """On a CPU device the simulated GPU cache and the CPU tier's mirror
@@ -386,10 +402,13 @@ class Engine:
             before = self._state
             if command.kind == "pause" and before == "running":
                 # A paused engine is a quiet one: its loads and stores finish
-                # now, so every count it publishes is settled.
+                # now, so every count it publishes is settled. The workload's
+                # clock stops with it: nothing arrives while it is paused.
                 self._jobs.drain()
+                self._arrivals.pause()
                 self._state = "paused"
             elif command.kind == "resume" and before == "paused":
+                self._arrivals.resume()
                 self._state = "running"
             detail = {"from": before, "to": self._state}
         elif command.kind == "reset":
@@ -511,8 +530,8 @@ class Engine:
             raise EngineStoppedError(f"the engine has stopped: {what} refused")
 
     def _step(self) -> bool:
-        waiting = self._queue
-        waiting.admit(at_least_one=True)
+        waiting, chunk = self._queue, self._admit_per_step
+        waiting.admit(at_least_one=True, limit=chunk)
         batch: list[Request] = []
         while len(batch) < self.config.max_requests_per_step:
             r = waiting.take()
@@ -520,7 +539,7 @@ class Engine:
                 break
             batch.append(r)
         # arrived meanwhile: waiting when the next step looks ahead
-        waiting.admit()
+        waiting.admit(limit=chunk)
         if not batch:
             return False
         c = self._c

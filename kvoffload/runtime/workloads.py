@@ -186,16 +186,34 @@ class Pacer:
         self.speed = None if speed is None or math.isinf(speed) else speed
         self._clock = clock
         self._anchor: tuple[float, float] | None = None  # (clock at start, first arrival)
+        self._paused_at: float | None = None
 
     def due_at(self, request: Request) -> float:
         """The clock time at which ``request`` is due. The first call anchors the
-        pacer: its request is due at once."""
+        pacer: its request is due at once. While paused nothing is due."""
+        if self._paused_at is not None:
+            return math.inf
         if self._anchor is None:
             self._anchor = (self._clock(), request.arrival_time)
         start, first_arrival = self._anchor
         if self.speed is None:
             return start
         return start + (request.arrival_time - first_arrival) / self.speed
+
+    def pause(self) -> None:
+        """Stop the trace's time (again: no change) until :meth:`resume`."""
+        if self._paused_at is None:
+            self._paused_at = self._clock()
+
+    def resume(self) -> None:
+        """Let the trace's time run on from where :meth:`pause` stopped it:
+        every request comes as much later as the pause lasted."""
+        if self._paused_at is None:
+            return
+        if self._anchor is not None:
+            start, first_arrival = self._anchor
+            self._anchor = (start + self._clock() - self._paused_at, first_arrival)
+        self._paused_at = None
 
     def delay(self, request: Request) -> float:
         """Seconds to wait before issuing ``request`` (0.0 when it is due)."""

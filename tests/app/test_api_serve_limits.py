@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import threading
@@ -21,6 +22,7 @@ from served import (
     ADMIN,
     READ,
     READ_TOKEN,
+    ROOT,
     TOKEN,
     Served,
     free_port,
@@ -28,6 +30,7 @@ from served import (
     serve,
     served,
     status_of,
+    wait_ready,
 )
 
 pytestmark = pytest.mark.slow
@@ -804,6 +807,25 @@ def test_padded_or_empty_token_is_refused_at_start(token: str) -> None:
             "--max-waiting-requests / KVOFFLOAD_MAX_WAITING_REQUESTS (2) must be at least "
             "--max-requests-per-step / KVOFFLOAD_MAX_REQUESTS_PER_STEP (4)",
         ),
+        # an audit's: 100000000 filled the queue before the first step, for
+        # ever (gigabytes; commands and the stop waited)
+        (
+            ["--max-waiting-requests", "100001"],
+            2,
+            "--max-waiting-requests / KVOFFLOAD_MAX_WAITING_REQUESTS must be at most 100000",
+        ),
+        # an audit's: it named no flag (checked as the engine was built)
+        (
+            [
+                "--workload",
+                "data/traces/mooncake_synthetic_trace.jsonl",
+                "--trace-block-size",
+                "100",
+            ],
+            2,
+            "the workload's --trace-block-size / KVOFFLOAD_TRACE_BLOCK_SIZE (100) and "
+            "--gpu-block-size / KVOFFLOAD_GPU_BLOCK_SIZE (16) must divide one another",
+        ),
     ],
 )
 def test_bad_start_up_settings_fail_in_one_line(flags: list[str], code: int, fragment: str) -> None:
@@ -814,6 +836,38 @@ def test_bad_start_up_settings_fail_in_one_line(flags: list[str], code: int, fra
     assert proc.returncode == code, out
     assert fragment in out
     assert "Traceback" not in out
+
+
+def test_an_engine_that_does_not_stop_in_time_is_exit_3(tmp_path: Path) -> None:
+    # found by an audit: the status was 0, "a clean shutdown", after the
+    # engine had not stopped within --stop-timeout
+    (tmp_path / "stall_policy.py").write_text(
+        "import time\n"
+        "from kvoffload.policies import register_policy\n"
+        "from kvoffload.policies.lru import LRUPolicy\n"
+        "class Stall(LRUPolicy):\n"
+        "    def insert(self, block_hashes, blocks):\n"
+        "        time.sleep(3)\n"
+        "        super().insert(block_hashes, blocks)\n"
+        "register_policy('stall', 'stall_policy:Stall')\n"
+    )
+    port = free_port()
+    proc = serve(
+        "--port", str(port), "--device", "cpu", "--imports", "stall_policy", "--policy", "stall",
+        "--stop-timeout", "0.5",
+        env={"KVOFFLOAD_ADMIN_TOKEN": TOKEN, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"},
+    )  # fmt: skip
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        time.sleep(0.5)  # its engine is in a 3 s store by now
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 3, out
+    assert "engine did not stop cleanly within 0.5 s" in out
 
 
 def test_port_in_use_is_exit_1() -> None:

@@ -689,7 +689,9 @@ def test_engine_refuses_a_workload_block_size_that_is_not_a_count(size: object) 
     # 0 and -16 passed the divisibility check (0 % 16 == 0) and crashed the
     # engine's thread at its first step
     workload = TraceWorkload([], name="odd", trace_block_size=size)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"block size must be a positive integer \(tokens\), got"):
+    with pytest.raises(
+        ConfigError, match=r"trace_block_size must be a positive integer \(tokens\), got"
+    ):
         Engine(small_config(), workload)
 
 

@@ -6,13 +6,15 @@ it is served; switches and resets keep the window."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 from test_engine import BLOCK, small_config, synthetic  # the engine tests' tiny model
 
 from kvoffload.policies import available_policies
-from kvoffload.runtime.engine import Engine
+from kvoffload.runtime.engine import ADMIT_PER_STEP, Engine
 from kvoffload.runtime.snapshot import EngineSnapshot
+from kvoffload.runtime.trace import TraceWorkload
 from kvoffload.runtime.workloads import Request, engine_block_hashes
 
 FACTOR = 4  # offloaded block of 64 tokens / GPU block of 16
@@ -75,3 +77,38 @@ def test_switches_and_resets_keep_the_window() -> None:
         assert snap.manager.policy == policy
         assert snap.commands["reset"].applied_at_step == snap.step - 1
         assert_window_is_the_queue(engine, snap, requests, 8)
+
+
+def test_a_long_queue_fills_a_bounded_number_of_requests_at_a_time() -> None:
+    # found by an audit: at full speed the whole queue joined before the
+    # first step (--max-waiting-requests 100000000: gigabytes, and commands
+    # and a stop waited for ever); now at most ADMIT_PER_STEP join before a
+    # step and as many after it
+    requests = list(synthetic(num_requests=3000))
+    engine = Engine(small_config(max_waiting_requests=1000), synthetic(num_requests=3000))
+    sizes = [engine.run(max_steps=1).manager.window.requests for _ in range(3)]
+    assert sizes == [2 * ADMIT_PER_STEP - 4, 1000, 1000]
+    assert_window_is_the_queue(engine, engine.snapshot(), requests, 1000)
+
+
+def test_a_pause_stops_the_arrivals_and_a_resume_brings_no_backlog() -> None:
+    # found by an audit: the workload's clock ran on through a pause, and a
+    # resume served every request "due" meanwhile in one burst (300 in 0.5 s)
+    requests = [Request(i, 0.05 * i, (i % 7, 1000 + i), 2 * BLOCK, 1) for i in range(4000)]
+    workload = TraceWorkload(requests, name="every 50 ms", trace_block_size=BLOCK)
+    engine = Engine(small_config(speed=1.0, max_waiting_requests=8), workload)
+    engine.start()
+    try:
+        time.sleep(0.3)
+        engine.pause().result(timeout=30)
+        before = engine.snapshot().runtime.requests
+        time.sleep(2.0)  # 40 requests of trace time
+        assert engine.snapshot().runtime.requests == before
+        engine.resume().result(timeout=30)
+        time.sleep(0.25)
+        after = engine.snapshot().runtime.requests
+    finally:
+        engine.stop()
+    # at most the 8 waiting at the pause, and 20 a second after the resume
+    # (an upper bound: a slow machine only serves fewer)
+    assert after - before <= 20
