@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.limits import NO_HEAD
 from app.policy_name import UNKNOWN_POLICY
-from kvoffload.errors import KVOffloadError, PolicyError
+from kvoffload.errors import KVOffloadError, PolicyError, PolicyFailedError
 from kvoffload.policies import available_policies
 from kvoffload.runtime.commands import (
     EngineStoppedError,
@@ -101,6 +101,8 @@ def library_error(exc: Exception) -> ApiError | None:
     """The answer to an error of the library, ``None`` for one that is a bug here."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, PolicyFailedError):  # registered, but its code failed
+        return ApiError(409, "policy_failed", str(exc))
     if isinstance(exc, PolicyError):
         return unknown_policy(str(exc))
     if isinstance(exc, VersionConflictError):

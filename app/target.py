@@ -35,6 +35,11 @@ class AdminTarget(Protocol):
 
     def snapshot(self) -> EngineSnapshot: ...
 
+    def validate_policy(self, policy: str) -> None:
+        """Raise :class:`~kvoffload.errors.PolicyError` for a name that is not
+        registered, :class:`~kvoffload.errors.PolicyFailedError` for one whose
+        class does not import."""
+
     def switch_policy(
         self, policy: str, expected_version: int | None = None
     ) -> Future[CommandResult]: ...

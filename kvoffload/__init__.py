@@ -22,6 +22,7 @@ from kvoffload.errors import (
     KVOffloadError,
     PolicyContractError,
     PolicyError,
+    PolicyFailedError,
     TransferError,
     UnknownTicketError,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "OffloadingWorker",
     "PolicyContractError",
     "PolicyError",
+    "PolicyFailedError",
     "PolicyOffloadingManager",
     "PrepareStoreOutput",
     "TransferError",

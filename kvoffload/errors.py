@@ -9,6 +9,7 @@ __all__ = [
     "KVOffloadError",
     "PolicyContractError",
     "PolicyError",
+    "PolicyFailedError",
     "TransferError",
     "UnknownTicketError",
 ]
@@ -29,6 +30,12 @@ class BlockStateError(KVOffloadError, RuntimeError):
 
 class PolicyError(ConfigError):
     """An unknown eviction policy was requested."""
+
+
+class PolicyFailedError(PolicyError):
+    """A registered eviction policy could not be used: its target does not
+    import as a policy class, or (at a live switch) its constructor or
+    ``seed`` raised. The manager keeps working with the policy it had."""
 
 
 class PolicyContractError(KVOffloadError, RuntimeError):

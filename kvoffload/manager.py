@@ -44,7 +44,13 @@ from kvoffload.abstract import (
     PrepareStoreOutput,
 )
 from kvoffload.backend import Backend, BlockStatus
-from kvoffload.errors import BlockStateError, ConfigError, PolicyContractError, PolicyError
+from kvoffload.errors import (
+    BlockStateError,
+    ConfigError,
+    PolicyContractError,
+    PolicyError,
+    PolicyFailedError,
+)
 from kvoffload.event_log import EventLog
 from kvoffload.policies import EvictionPolicy, Victims, create_policy
 from kvoffload.policies.arc import ARCPolicy
@@ -425,12 +431,15 @@ class PolicyOffloadingManager(OffloadingManager):
         add up over every time it is the policy); the hint window is kept. The old
         policy's order (first-evicted first) seeds the new one; ghost history
         does not carry over. Raises :class:`~kvoffload.errors.PolicyError`
-        for an unknown name, changing nothing.
+        for an unknown name, changing nothing, and
+        :class:`~kvoffload.errors.PolicyFailedError` for a registered policy
+        (one of your own) whose class does not import or whose constructor
+        raises, changing nothing either.
 
-        A policy whose ``seed`` raises (one of your own) does not take
-        over: the old policy's class takes the blocks back in its order (its
-        ghost history is lost) and :class:`~kvoffload.errors.PolicyError`
-        says so, the manager working as before.
+        A policy whose ``seed`` raises does not take over: the old policy's
+        class takes the blocks back in its order (its ghost history is lost)
+        and :class:`~kvoffload.errors.PolicyFailedError` says so, the manager
+        working as before.
 
         Switching to the policy in use changes nothing: its lists, ghosts
         and target stay, no ``policy_switched`` record is logged and
@@ -441,7 +450,15 @@ class PolicyOffloadingManager(OffloadingManager):
         old = self._policy
         if policies.policy_class(policy) is type(old):
             return old.name
-        new = create_policy(policy, self.capacity, table)
+        try:
+            new = create_policy(policy, self.capacity, table)
+        except PolicyError:
+            raise
+        except Exception as exc:  # a constructor of one's own: nothing changed yet
+            raise PolicyFailedError(
+                f"eviction policy {policy!r} could not be built ({type(exc).__name__}: {exc}); "
+                f"{old.name} stays"
+            ) from exc
         items = old.ordered_items()
         assert len(items) == len(table), "policy migration lost blocks"
         old_counts = old.counters()  # before the table forgets the policy
@@ -461,8 +478,8 @@ class PolicyOffloadingManager(OffloadingManager):
             reseeded = back.counters()
             self._retire(old, back, old_counts, old_ghost_hits, old_evictions)
             _add_counts(self._retired_counts[old.name], {k: -v for k, v in reseeded.items()})
-            raise PolicyError(
-                f"eviction policy {new.name!r} failed to take over the blocks "
+            raise PolicyFailedError(
+                f"eviction policy {policy!r} failed to take over the blocks "
                 f"({type(exc).__name__}: {exc}); {old.name} is back, its ghost history lost"
             ) from exc
         self._retire(old, new, old_counts, old_ghost_hits, old_evictions)

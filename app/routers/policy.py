@@ -79,8 +79,11 @@ async def put_policy(
 async def validate_policy(
     body: PolicyValidateRequest, _: ReadAccess, service: ServiceDep
 ) -> PolicyValidation:
-    # The body's policy name is checked by its type (PolicyName).
-    snap = service.target.snapshot()
+    # The body's policy name is checked by its type (PolicyName); its class
+    # must import (what a PUT checks before the switch is queued).
+    target = service.target
+    target.validate_policy(body.policy)
+    snap = target.snapshot()
     check_version(body.expected_version, snap.policy_version)
     return PolicyValidation(
         valid=True,

@@ -13,7 +13,7 @@ import importlib
 import re
 from collections.abc import Iterable
 
-from kvoffload.errors import PolicyError
+from kvoffload.errors import PolicyError, PolicyFailedError
 from kvoffload.policies.base import EvictionPolicy, Victims
 from kvoffload.table import STAY, BlockTable, TouchRules
 
@@ -56,8 +56,8 @@ def available_policies() -> tuple[str, ...]:
 
 def policy_class(name: str) -> type[EvictionPolicy]:
     """The class registered under ``name`` (any case); :class:`PolicyError`
-    if unknown, or if its target does not import as an
-    :class:`EvictionPolicy` subclass."""
+    if unknown, :class:`PolicyFailedError` if its target does not import as
+    an :class:`EvictionPolicy` subclass."""
     key = name.lower() if isinstance(name, str) else name
     target = _REGISTRY.get(key)
     if target is None:
@@ -68,12 +68,12 @@ def policy_class(name: str) -> type[EvictionPolicy]:
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise PolicyError(
+        raise PolicyFailedError(
             f"eviction policy {key!r} is registered as {target!r}, which does not import: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)):
-        raise PolicyError(
+        raise PolicyFailedError(
             f"eviction policy {key!r} is registered as {target!r}, which is not an "
             "EvictionPolicy subclass"
         )

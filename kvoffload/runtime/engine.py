@@ -241,7 +241,9 @@ class Engine:
         return self._snapshot
 
     def validate_policy(self, policy: str) -> None:
-        """Raise :class:`~kvoffload.errors.PolicyError` if ``policy`` is unknown."""
+        """Raise :class:`~kvoffload.errors.PolicyError` if ``policy`` is unknown
+        (:class:`~kvoffload.errors.PolicyFailedError` if its class does not
+        import)."""
         policy_class(policy)
 
     def switch_policy(

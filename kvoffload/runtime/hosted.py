@@ -215,6 +215,12 @@ class HostedManager(OffloadingManager):
 
     # -- commands ------------------------------------------------------------
 
+    def validate_policy(self, policy: str) -> None:
+        """Raise :class:`~kvoffload.errors.PolicyError` if ``policy`` is unknown
+        (:class:`~kvoffload.errors.PolicyFailedError` if its class does not
+        import)."""
+        policy_class(policy)
+
     def switch_policy(
         self, policy: str, expected_version: int | None = None
     ) -> Future[CommandResult]:
@@ -223,7 +229,7 @@ class HostedManager(OffloadingManager):
         An unknown policy raises :class:`~kvoffload.errors.PolicyError` at
         once; a stale ``expected_version`` fails the future with
         :class:`~kvoffload.runtime.commands.VersionConflictError`."""
-        policy_class(policy)
+        self.validate_policy(policy)
         return self._submit(
             Command("switch_policy", policy=policy.lower(), expected_version=expected_version)
         )

@@ -37,6 +37,7 @@ from kvoffload.abstract import OffloadingEvent
 from kvoffload.errors import ConfigError
 from kvoffload.event_log import EventLog, EventRecord
 from kvoffload.manager import PolicyOffloadingManager
+from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import CommandResult, EngineStoppedError, UnsupportedCommandError
 from kvoffload.runtime.hosted import HostedConfig, HostedManager
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState
@@ -115,6 +116,9 @@ class _EngineTarget:
             return self._last
         self._last = hosted.snapshot()
         return self._last
+
+    def validate_policy(self, policy: str) -> None:
+        policy_class(policy)  # a question about the class: no manager needed
 
     def switch_policy(
         self, policy: str, expected_version: int | None = None

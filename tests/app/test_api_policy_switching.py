@@ -6,10 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from api_support import ADMIN_HEADERS, READ_HEADERS, ClientFactory, TestClient
 
+import kvoffload.policies
 from kvoffload.policies import available_policies
 from kvoffload.policies.kvarc import GHOST_FACTOR
+from kvoffload.policies.lru import LRUPolicy
+from kvoffload.table import BlockTable
 
 TRACE = str(Path(__file__).resolve().parents[2] / "data/traces/mooncake_synthetic_trace.jsonl")
 SWITCHES = 200
@@ -141,3 +145,47 @@ def test_policy_switched_200_times_during_replay(make_client: ClientFactory) -> 
     assert switches == SWITCHES
     blocks = view["blocks"]
     assert len(resident) == blocks["used"] - blocks["in_flight"]
+
+
+class _BuildFails(LRUPolicy):
+    name = "buildfails"
+
+    def __init__(self, capacity: int, table: BlockTable) -> None:
+        raise ValueError("no constructor today")
+
+
+class _SeedFails(LRUPolicy):
+    name = "seedfails"
+
+    def seed(self, items: object) -> None:
+        raise ValueError("no seed today")
+
+
+def test_a_registered_policy_whose_code_fails_is_409_policy_failed(
+    make_client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # found by an audit: a constructor that raised was a 500, a seed that
+    # raised a 422 unknown_policy listing the policy among the valid ones, and
+    # the dry run called valid a policy whose class does not import
+    registry = kvoffload.policies._REGISTRY
+    monkeypatch.setitem(registry, "buildfails", f"{__name__}:_BuildFails")
+    monkeypatch.setitem(registry, "seedfails", f"{__name__}:_SeedFails")
+    monkeypatch.setitem(registry, "noimport", "no_such_module_xyz:Policy")
+    client = make_client()
+    for policy, why in (
+        ("buildfails", "'buildfails' could not be built (ValueError: no constructor today)"),
+        ("seedfails", "'seedfails' failed to take over the blocks (ValueError: no seed today)"),
+        ("noimport", "'noimport' is registered as 'no_such_module_xyz:Policy', which does not"),
+    ):
+        r = client.put("/v1/policy", json={"policy": policy}, headers=ADMIN_HEADERS)
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["code"] == "policy_failed" and why in error["message"], error
+        assert "valid_policies" not in error
+        assert client.get("/v1/policy", headers=READ_HEADERS).json()["policy"] == "lru"
+    r = client.post("/v1/policy:validate", json={"policy": "noimport"}, headers=READ_HEADERS)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "policy_failed", r.text
+    # a dry run builds nothing: what the constructor and seed do shows at the switch
+    r = client.post("/v1/policy:validate", json={"policy": "buildfails"}, headers=READ_HEADERS)
+    assert r.status_code == 200 and r.json()["valid"] is True
+    check_invariants(client.get("/v1/cache", headers=READ_HEADERS).json())

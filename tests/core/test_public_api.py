@@ -67,6 +67,7 @@ def test_public_api_all_is_pinned() -> None:
         "OffloadingWorker",
         "PolicyContractError",
         "PolicyError",
+        "PolicyFailedError",
         "PolicyOffloadingManager",
         "PrepareStoreOutput",
         "TransferError",
@@ -111,6 +112,7 @@ def test_public_api_errors_share_one_base() -> None:
         "BlockStateError",
         "ConfigError",
         "PolicyError",
+        "PolicyFailedError",
         "TransferError",
         "UnknownTicketError",
     ):

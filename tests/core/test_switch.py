@@ -12,6 +12,7 @@ from kvoffload import (
     LRUOffloadingManager,
     ManagerCounters,
     PolicyError,
+    PolicyFailedError,
     PolicyOffloadingManager,
 )
 from kvoffload.policies import available_policies
@@ -213,13 +214,41 @@ def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
     )
     blocks, evictions = _blocks(m), m.stats().counters.evictions
     with pytest.raises(
-        PolicyError, match=r"'broken' failed to take over .*RuntimeError: seed failed"
+        PolicyFailedError, match=r"'broken' failed to take over .*RuntimeError: seed failed"
     ):
         m.switch_policy("broken")
     assert m.policy_name == "arc" and _blocks(m) == blocks
     assert m.stats().counters.evictions == evictions and m.stats().counters.policy_switches == 0
     m.touch(bhs(2))
     assert m.table.tag_of(bh(2)) == 1  # ARC's rules again: a second use is T2
+
+
+def test_a_policy_whose_constructor_raises_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # found by an audit: the constructor's own error came out of the switch
+    # (a 500 from the admin API), not the PolicyError the switch documents
+    import kvoffload.policies as policies
+    from kvoffload.policies.lru import LRUPolicy
+
+    class Unbuildable(LRUPolicy):
+        name = "unbuildable"
+
+        def __init__(self, capacity: int, table: object) -> None:
+            raise TypeError("cannot build")
+
+    m = ARCOffloadingManager(CPUBackend(16, 4))
+    store(m, 1, 2, 3)
+    real = policies.policy_class
+    monkeypatch.setattr(
+        policies, "policy_class", lambda name: Unbuildable if name == "unbuildable" else real(name)
+    )
+    blocks, stats = _blocks(m), m.stats()
+    with pytest.raises(
+        PolicyFailedError, match=r"'unbuildable' could not be built \(TypeError: cannot build\)"
+    ):
+        m.switch_policy("unbuildable")
+    assert m.policy_name == "arc" and _blocks(m) == blocks and m.stats() == stats
 
 
 def test_a_failed_switch_away_from_hkvarc_leaves_its_counters_as_they_were(
@@ -245,7 +274,7 @@ def test_a_failed_switch_away_from_hkvarc_leaves_its_counters_as_they_were(
     )
     before = dict(m.stats().policy_counters)
     assert before["deferred"] == 2
-    with pytest.raises(PolicyError, match="failed to take over"):
+    with pytest.raises(PolicyFailedError, match="failed to take over"):
         m.switch_policy("broken")
     assert dict(m.stats().policy_counters) == before
     m.hint(bhs(3))  # and it counts on from there
