@@ -66,13 +66,13 @@ class MetricsCache:
     """The last ``/metrics`` exposition, reused while it is from the current
     view (see :class:`SnapshotCache`) with no admin API request answered since
     (the API's own counters, :mod:`app.request_metrics`), or younger than
-    ``max_age`` seconds and from a snapshot with the same policy version and
-    engine state and an event log drained as far.
+    ``max_age`` seconds and from a snapshot with the same policy version,
+    engine state and last commands and an event log drained as far.
 
     Rendering costs about a millisecond of Python, taken from the engine's
     GIL time; the age bound caps that at ``1/max_age`` renderings a second
     however often clients scrape. Discrete changes (a policy switch, a pause,
-    a drain) are always shown at once; counters may be up to ``max_age`` old,
+    a reset, a drain) are always shown at once; counters may be up to ``max_age`` old,
     far below any scrape interval.
     """
 
@@ -94,6 +94,7 @@ class MetricsCache:
         same_shape = (
             cached.policy_version == snap.policy_version
             and cached.state == snap.state
+            and cached.commands == snap.commands  # a reset changes neither above
             and _drained(events) == _drained(now)
         )
         if same_shape and time.monotonic() - rendered_at < self.max_age:

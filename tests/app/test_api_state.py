@@ -8,6 +8,7 @@ import time
 from app.state import MetricsCache, SnapshotCache
 from kvoffload.event_log import EventLog
 from kvoffload.runtime import EngineSnapshot
+from kvoffload.runtime.commands import CommandResult
 from kvoffload.runtime.snapshot import RuntimeStats
 from kvoffload.stats import ManagerCounters, ManagerStats
 
@@ -55,6 +56,10 @@ def test_metrics_cache_bounds_age_and_shows_discrete_changes_at_once() -> None:
     assert cache.get((snapshot(2), None), 0) == b"a"  # counters moved on, young enough
     assert cache.get((snapshot(2, version=2), None), 0) is None  # policy switched
     assert cache.get((snapshot(2, state="paused"), None), 0) is None  # paused
+    # a reset changes neither: it was shown up to max_age late (audit)
+    reset = CommandResult("reset", 1, "lru", 1, {"cpu_blocks_evicted": "8"}, time.time())
+    after_reset = dataclasses.replace(snapshot(2), commands={"reset": reset})
+    assert cache.get((after_reset, None), 0) is None
     old = MetricsCache(max_age=0.0)
     old.put((a, None), b"a", 0)
     assert old.get((a, None), 0) == b"a"

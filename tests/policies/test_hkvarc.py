@@ -378,3 +378,16 @@ def test_a_store_that_fails_anyway_declines_nothing() -> None:
     s = m.stats()
     assert s.policy_counters["declined_blocks"] == 0
     assert s.counters.store_blocks["rejected_no_room"] == 2
+
+
+def test_a_reset_counts_the_held_blocks_it_evicts_as_redirected() -> None:
+    # docs/api.md (reset): counters continue, and the blocks a reset evicts
+    # count as evictions of the lists they leave, held ones under h1/h2 and
+    # so in `redirected`, as every eviction of a held block
+    m = _manager(8)
+    _store(m, 1, 2, 3, 4)
+    m.hint(_hs(1, 2))
+    assert _lists(m)["h1"] == 2 and m.stats().policy_counters["redirected"] == 0
+    assert sorted(m.clear()) == sorted(_hs(1, 2, 3, 4))
+    assert m.stats().counters.evictions == {"t1": 2, "t2": 0, "h1": 2, "h2": 0}
+    assert m.stats().policy_counters["redirected"] == 2
