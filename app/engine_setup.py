@@ -85,7 +85,18 @@ def load_workload(settings: Settings) -> Workload | None:
     if settings.workload.strip().lower() == BUILTIN_WORKLOAD:
         return None
     trace = load_mooncake_trace(settings.workload, trace_block_size=settings.trace_block_size)
-    return loop(trace) if settings.loop else trace
+    if not settings.loop:
+        return trace
+    times = [r.arrival_time for r in trace.requests]
+    if settings.speed and times and max(times) == min(times):
+        # a pass takes no time, so at a pace the passes would come at once, for ever
+        raise ConfigError(
+            f"every request of {settings.workload} arrives at the same time, so looped "
+            f"({flag_name('loop')} / {env_name('loop')}) at {flag_name('speed')} / "
+            f"{env_name('speed')} {settings.speed:g} it would come at no rate: use speed 0 "
+            "(as fast as possible) or --no-loop"
+        )
+    return loop(trace)
 
 
 def build_engine(settings: Settings, observers: Sequence[EngineObserver] = ()) -> Engine:

@@ -76,7 +76,8 @@ def serve(settings: Settings) -> int:
     """Run the engine and its admin API until a signal. Returns the exit
     status: 0 after a clean shutdown, 1 if the server could not start or
     stopped by itself, 2 for settings or inputs that make no engine (one line
-    on stderr, no traceback)."""
+    on stderr, no traceback), 3 if the engine did not stop within
+    ``stop_timeout``."""
     try:
         # Read the trace, check the engine's shape and its device now.
         factory = preloaded_engine_factory(settings)

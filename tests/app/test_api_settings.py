@@ -169,6 +169,26 @@ def test_bad_inputs_fail_before_serving(
     assert "Traceback" not in err
 
 
+def test_a_paced_loop_of_a_trace_with_one_timestamp_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # found by an audit: a pass took no time, so at --speed 1 the passes came
+    # at once, for ever (20,000 requests a second and a whole core)
+    trace = tmp_path / "one-time.jsonl"
+    line = '{"timestamp": 5, "input_length": 1024, "output_length": 8, "hash_ids": [1, 2]}\n'
+    trace.write_text(line * 3)
+    assert run(["--workload", str(trace), "--port", "1"]) == 2
+    err = capfd.readouterr().err
+    assert err == (
+        f"kvoffload serve: error: every request of {trace} arrives at the same time, so looped "
+        "(--loop / KVOFFLOAD_LOOP) at --speed / KVOFFLOAD_SPEED 1 it would come at no rate: "
+        "use speed 0 (as fast as possible) or --no-loop\n"
+    )
+    # as fast as possible, or once through, it is a workload like any other
+    assert isinstance(load_workload(Settings(workload=str(trace), speed=0)), LoopedWorkload)
+    assert load_workload(Settings(workload=str(trace), loop=False)) is not None
+
+
 def test_a_bad_boolean_variable_names_its_value_and_the_words_allowed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
