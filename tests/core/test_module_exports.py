@@ -32,7 +32,7 @@ EXPORTS = {
     "kvoffload.cli": ["OneLineParser", "main"],
     "kvoffload.errors": [
         "BlockStateError", "ConfigError", "KVOffloadError", "PolicyContractError", "PolicyError",
-        "TransferError",
+        "PolicyFailedError", "TransferError",
         "UnknownTicketError",
     ],
     "kvoffload.event_log": [
@@ -81,8 +81,8 @@ EXPORTS = {
         "Command", "CommandKind", "CommandResult", "EngineStoppedError", "UnsupportedCommandError",
         "VersionConflictError", "apply_switch", "check_version",
     ],
-    "kvoffload.runtime.config": ["EngineConfig"],
-    "kvoffload.runtime.engine": ["Engine", "EngineConfig"],
+    "kvoffload.runtime.config": ["MAX_WAITING_REQUESTS", "EngineConfig"],
+    "kvoffload.runtime.engine": ["ADMIT_PER_STEP", "Engine", "EngineConfig"],
     "kvoffload.runtime.hosted": ["HostedConfig", "HostedManager"],
     "kvoffload.runtime.jobs": ["TransferJobs"],
     "kvoffload.runtime.kv_store": ["GPUKVStore", "block_pattern", "hash_seed"],
