@@ -44,7 +44,7 @@ RUN pip install ${TORCH_SPEC}
 COPY pyproject.toml ./
 # hadolint ignore=DL3013
 RUN mkdir -p kvoffload app \
-    && touch README.md kvoffload/__init__.py app/__init__.py \
+    && touch README.md LICENSE kvoffload/__init__.py app/__init__.py \
     && echo '__version__ = "0.0.0"' > kvoffload/_version.py \
     && pip install ".[app]" \
     && pip uninstall -y kvoffload \

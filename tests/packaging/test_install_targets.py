@@ -267,3 +267,38 @@ def test_install_script_skips_pip_when_the_venv_is_current(tmp_path: Path) -> No
     with (src / "pyproject.toml").open("a") as f:
         f.write("\n# a changed dependency list\n")
     assert install("prometheus").returncode != 0
+
+
+@pytest.mark.parametrize("extra", ["app", "dev"])
+def test_install_script_as_root_asks_apt_for_the_compiler_whatever_the_extra(
+    tmp_path: Path, extra: str
+) -> None:
+    """README: run as root on Debian or Ubuntu, the scripts install what is
+    missing. For the app extra (scripts/serve) a missing compiler was only a
+    warning, and the service ran on the pure-Python table, about 3x slower
+    (audit). Here root and apt-get are stand-ins on a PATH without gcc: apt-get
+    notes what it is asked for and refuses the install, which stops the script
+    before anything else happens."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bash", "python3", "dirname", "cat", "grep", "cut", "sha256sum", "mv"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (tools / tool).symlink_to(found)
+    asked = tmp_path / "apt.log"
+    fakes = {"id": "echo 0", "apt-get": f'echo "$*" >> {asked}; [ "$1" = update ]'}
+    for name, body in fakes.items():
+        (tools / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tools / name).chmod(0o755)
+    done = subprocess.run(
+        [str(REPO / "scripts" / "install"), extra],
+        capture_output=True,
+        text=True,
+        env={**_clean_env(), "PATH": str(tools)},
+    )
+    assert done.returncode != 0 and asked.exists(), done.stderr  # the fake refused
+    calls = asked.read_text().splitlines()
+    assert calls[0] == "update -qq"
+    assert calls[1].startswith("install -y -qq --no-install-recommends "), calls
+    assert {"gcc", "libc6-dev"} <= set(calls[1].split()), calls
+    assert "pure-Python block table" not in done.stderr
