@@ -145,7 +145,6 @@ class TracingObserver(EngineObserver):
         self._step_ctx: Context | None = None
         self._step_recording = False
         self._step_start_ns = 0
-        self._step_number = 0
         #: (recording?, context) of the last steps, for requests whose load
         #: finishes in a later step than the one that served them
         self._recent_steps: dict[int, tuple[bool, Context | None]] = {}
@@ -175,7 +174,6 @@ class TracingObserver(EngineObserver):
         )
         self._step_span = span
         self._step_start_ns = start_ns
-        self._step_number = step
         self._step_recording = span.is_recording()
         if self._step_recording:
             span.set_attribute(Attr.STEP, step)
@@ -201,10 +199,14 @@ class TracingObserver(EngineObserver):
         self._step_recording = False
 
     def _child_context(self) -> tuple[bool, Context | None]:
-        """(create a child span?, its parent context)."""
+        """(create a child span?, its parent context): the step in progress,
+        or between steps the last one (the drain of a pause, a stop or the end
+        of a run finishes its jobs); before any step the current context
+        decides."""
         if self._step_span is not None:
             return self._step_recording, self._step_ctx
-        return True, None  # outside a step: the current context decides
+        recent = self._recent_steps
+        return recent[next(reversed(recent))] if recent else (True, None)
 
     def transfer_finished(self, record: TransferRecord) -> None:
         if not self._tracing:
@@ -239,10 +241,7 @@ class TracingObserver(EngineObserver):
         # when the load of its CPU hits finished, possibly in a later step.
         # Its span is a child of the step that served it, while that step's
         # context is remembered, and covers scheduling .. completion.
-        if record.step == self._step_number or record.step not in self._recent_steps:
-            create, parent = self._child_context()
-        else:
-            create, parent = self._recent_steps[record.step]
+        create, parent = self._recent_steps.get(record.step) or self._child_context()
         if not create:
             return
         start = self._epoch_ns(record.started_ns) if record.started_ns else None

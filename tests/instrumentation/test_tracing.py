@@ -328,3 +328,21 @@ def test_tracing_request_whose_load_finished_later_is_a_child_of_its_step(otel: 
     assert req.parent is not None and steps[1].context is not None
     assert req.parent.span_id == steps[1].context.span_id
     assert req.attributes is not None and req.attributes["kvoffload.request.computed_tokens"] == 128
+
+
+def test_tracing_jobs_and_requests_finished_between_steps_belong_to_the_last(otel: OTel) -> None:
+    # found by an audit: a load that finished in a pause's drain, after its
+    # step had ended, made its transfer and request spans the roots of traces
+    # of their own (sampled apart from their step)
+    obs = TracingObserver(otel.tracer_provider, otel.logger_provider)
+    t0 = time.perf_counter_ns()
+    obs.step_started(1, t0)
+    obs.step_finished(1, t0, t0 + MS, requests=1)
+    obs.transfer_finished(TransferRecord(5, "load", 4, 4096, t0, t0 + 2 * MS, True))
+    obs.request_finished(RequestRecord(9, 1, 128, 0, 64, 64, t0, t0 + 2 * MS))
+    spans = otel.spans.get_finished_spans()
+    (step,) = _by_name(spans, "kvoffload.step")
+    assert step.context is not None
+    for name in ("kvoffload.transfer", "kvoffload.request"):
+        (child,) = _by_name(spans, name)
+        assert child.parent is not None and child.parent.span_id == step.context.span_id, name
