@@ -169,7 +169,8 @@ def _effectiveness() -> list[Panel]:
         timeseries_panel(
             "Prompt tokens by source",
             "Where the KV of each prompt token came from: already on the GPU, loaded from the"
-            " CPU tier, or computed (a failed load's tokens included).",
+            " CPU tier, or computed (a failed load's tokens included); truncated: past the"
+            " prefix the simulated GPU cache prefills at once (half of it), not served.",
             "count:tokens/s",
             [Query(rate("kvoffload_runtime_prompt_tokens_total", "outcome"), "{{outcome}}")],
             stacked=True,

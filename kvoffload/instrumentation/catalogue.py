@@ -38,7 +38,7 @@ ALLOWED_LABELS = frozenset({"policy", "list", "direction", "outcome", "medium", 
 #: transfer directions: "store" = GPU->CPU, "load" = CPU->GPU
 DIRECTIONS = ("store", "load")
 TRANSFER_OUTCOMES = ("ok", "failed")
-PROMPT_TOKEN_OUTCOMES = ("gpu_hit", "cpu_hit", "computed")
+PROMPT_TOKEN_OUTCOMES = ("gpu_hit", "cpu_hit", "computed", "truncated")
 
 #: seconds, 50 us .. 10 s (transfer jobs and engine steps)
 DURATION_BUCKETS: tuple[float, ...] = (
@@ -295,7 +295,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _c(
         "kvoffload_runtime_prompt_tokens_total",
         "Prompt tokens (in full GPU blocks) by where their KV came from: gpu_hit, cpu_hit "
-        "(loaded from the offload tier) or computed (a failed load's included).",
+        "(loaded from the offload tier) or computed (a failed load's included); truncated: "
+        "past the prefix the simulated GPU cache prefills at once (half of it), not served.",
         ("outcome",),
         source="runtime",
     ),

@@ -310,7 +310,7 @@ class KVOffloadCollector:
         r = snap.runtime
         yield _scalar("kvoffload_runtime_steps_total", r.steps)
         yield _scalar("kvoffload_runtime_requests_total", r.requests)
-        tokens = (r.gpu_hit_tokens, r.cpu_hit_tokens, r.computed_tokens)
+        tokens = (r.gpu_hit_tokens, r.cpu_hit_tokens, r.computed_tokens, r.truncated_tokens)
         yield _family(
             "kvoffload_runtime_prompt_tokens_total",
             ("outcome",),

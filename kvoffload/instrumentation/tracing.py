@@ -73,6 +73,7 @@ class Attr:
     REQUEST_GPU_HIT_TOKENS = "kvoffload.request.gpu_hit_tokens"
     REQUEST_CPU_HIT_TOKENS = "kvoffload.request.cpu_hit_tokens"
     REQUEST_COMPUTED_TOKENS = "kvoffload.request.computed_tokens"
+    REQUEST_TRUNCATED_TOKENS = "kvoffload.request.truncated_tokens"
     EVICTED_BLOCKS = "kvoffload.eviction.blocks"
     POLICY = "kvoffload.policy"
     POLICY_PREVIOUS = "kvoffload.policy.previous"
@@ -258,6 +259,7 @@ class TracingObserver(EngineObserver):
                     Attr.REQUEST_GPU_HIT_TOKENS: record.gpu_hit_tokens,
                     Attr.REQUEST_CPU_HIT_TOKENS: record.cpu_hit_tokens,
                     Attr.REQUEST_COMPUTED_TOKENS: record.computed_tokens,
+                    Attr.REQUEST_TRUNCATED_TOKENS: record.truncated_tokens,
                 }
             )
         span.end(end_time=self._epoch_ns(record.finished_ns) if record.finished_ns else None)

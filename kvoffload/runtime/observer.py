@@ -40,7 +40,9 @@ class RequestRecord:
 
     Reported once all of it is known: a request whose prefix is loaded from
     the CPU tier is reported when its load job finishes, and a failed load's
-    tokens count as computed (they were), never as CPU hits.
+    tokens count as computed (they were), never as CPU hits. Tokens are
+    counted in full GPU blocks; ``prompt_tokens`` is the sum of the four
+    outcomes.
     """
 
     request_id: int
@@ -54,6 +56,9 @@ class RequestRecord:
     #: (0 when unknown)
     started_ns: int = 0
     finished_ns: int = 0
+    #: tokens past the prefix the simulated GPU cache can prefill at once
+    #: (half of it): not served
+    truncated_tokens: int = 0
 
 
 class EngineObserver:

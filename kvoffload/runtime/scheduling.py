@@ -9,6 +9,7 @@ Finished jobs are completed by :class:`~kvoffload.runtime.jobs.TransferJobs`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,14 +28,18 @@ from kvoffload.runtime.workloads import Request, engine_block_hashes
 
 __all__ = ["RequestBlocks", "RequestScheduler"]
 
+logger = logging.getLogger(__name__)
+
 
 class RequestBlocks(NamedTuple):
     """One request's block hashes: ``gpu`` (one per GPU block of its prompt,
     cut to what the GPU cache can prefill) and ``offloaded`` (one per
-    offloaded block: every ``block_factor``-th GPU hash)."""
+    offloaded block: every ``block_factor``-th GPU hash); ``cut``: the GPU
+    blocks of the prompt past that."""
 
     gpu: list[BlockHash]
     offloaded: list[BlockHash]
+    cut: int = 0
 
 
 class RequestScheduler:
@@ -60,6 +65,7 @@ class RequestScheduler:
         self.counters = counters
         self.trace_block_size = trace_block_size
         self.on_finished = on_finished
+        self._warned_cut = False
 
     def blocks(self, r: Request) -> RequestBlocks:
         """The GPU and offloaded block hashes ``r`` will use: what the engine
@@ -72,12 +78,13 @@ class RequestScheduler:
             num_tokens=r.input_length,
         )
         # A request larger than the GPU cache cannot be prefilled at once;
-        # keep the prefix that fits (counted in the prompt tokens).
+        # serve the prefix that fits (the rest is counted as truncated).
         limit = max(k, (self.kv.num_blocks // 2) // k * k)
-        if len(gpu_hashes) > limit:
+        cut = max(0, len(gpu_hashes) - limit)
+        if cut:
             gpu_hashes = gpu_hashes[:limit]
         offloaded = [gpu_hashes[(j + 1) * k - 1] for j in range(len(gpu_hashes) // k)]
-        return RequestBlocks(gpu_hashes, offloaded)
+        return RequestBlocks(gpu_hashes, offloaded, cut)
 
     def serve(self, r: Request, step: int, blocks: RequestBlocks | None = None) -> None:
         """Schedule ``r``'s blocks (``blocks``: ``self.blocks(r)``, if known)."""
@@ -87,8 +94,21 @@ class RequestScheduler:
         m = self.manager
         k = cfg.block_factor
         bs = cfg.gpu_block_size
-        gpu_hashes, offloaded = blocks if blocks is not None else self.blocks(r)
+        gpu_hashes, offloaded, cut = blocks if blocks is not None else self.blocks(r)
         n = len(gpu_hashes)
+        if cut and not self._warned_cut:
+            self._warned_cut = True
+            logger.warning(
+                "request %s has %d full GPU blocks of prompt, more than half the GPU cache "
+                "(%d of %d blocks) prefills at once: the first %d are served and the rest "
+                "counted as truncated tokens, for this and any longer request (raise "
+                "num_gpu_blocks, --gpu-blocks, to serve them whole)",
+                r.request_id,
+                n + cut,
+                n,
+                kv.num_blocks,
+                n,
+            )
         if offloaded:
             m.touch(offloaded)
         # Make sure the request's blocks fit, finishing jobs if needed.
@@ -109,7 +129,14 @@ class RequestScheduler:
         loaded = max(0, load_end - g)
         load_ids: list[int] = []
         record = RequestRecord(
-            r.request_id, step, n * bs, g * bs, loaded * bs, (n - g - loaded) * bs, started_ns
+            r.request_id,
+            step,
+            (n + cut) * bs,
+            g * bs,
+            loaded * bs,
+            (n - g - loaded) * bs,
+            started_ns,
+            truncated_tokens=cut * bs,
         )
         if loaded:
             load_hashes = offloaded[first_off : first_off + cpu_hits]
@@ -154,7 +181,8 @@ class RequestScheduler:
         kv.unpin(comp_ids)
         c = self.counters
         c.requests += 1
-        c.prompt_tokens += n * bs
+        c.prompt_tokens += (n + cut) * bs
+        c.truncated_tokens += cut * bs
         c.gpu_hit_tokens += g * bs
         # The loaded tokens are counted when their job finishes (as CPU hits,
         # or as computed if it failed), so no counter ever goes down; until

@@ -38,7 +38,7 @@ class RuntimeStats:
     steps: int = _counter("engine steps completed")
     requests: int = _counter("requests scheduled and served")
     prompt_tokens: int = _counter(
-        "prompt tokens of the requests served (in full GPU blocks); the three outcomes below "
+        "prompt tokens of the requests served (in full GPU blocks); the four outcomes below "
         "add up to it once every load has finished"
     )
     gpu_hit_tokens: int = _counter("prompt tokens found in the GPU prefix cache")
@@ -47,6 +47,11 @@ class RuntimeStats:
     )
     computed_tokens: int = _counter(
         "prompt tokens computed: in neither tier, or their load from the CPU tier failed"
+    )
+    truncated_tokens: int = _counter(
+        "prompt tokens not served (in full GPU blocks, as all of these): past the prefix the "
+        "simulated GPU cache prefills at once, half of it (more GPU blocks serve longer prompts "
+        "whole)"
     )
     load_jobs: int = _counter("CPU->GPU transfer jobs submitted")
     store_jobs: int = _counter("GPU->CPU transfer jobs submitted")

@@ -222,7 +222,10 @@ def test_every_view_agrees_at_a_paused_moment_and_after_shutdown(receiver: Recei
         ) == (1, 1)
         assert cache["blocks"]["in_flight"] == cache["blocks"]["pinned"] == 0
         assert (
-            rt["gpu_hit_tokens"] + rt["cpu_hit_tokens"] + rt["computed_tokens"]
+            rt["gpu_hit_tokens"]
+            + rt["cpu_hit_tokens"]
+            + rt["computed_tokens"]
+            + rt["truncated_tokens"]
             == rt["prompt_tokens"]
         )
         assert (

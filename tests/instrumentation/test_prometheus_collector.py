@@ -316,10 +316,11 @@ def _engine_snapshot(m: PolicyOffloadingManager, state: str = "running") -> Engi
     runtime = RuntimeStats(
         steps=7,
         requests=11,
-        prompt_tokens=1000,
+        prompt_tokens=1050,
         gpu_hit_tokens=100,
         cpu_hit_tokens=300,
         computed_tokens=600,
+        truncated_tokens=50,
         verify_failures=0,
     )
     return EngineSnapshot(
@@ -343,6 +344,7 @@ def test_collector_reads_runtime_stats_from_an_engine_snapshot(
     assert v("kvoffload_runtime_steps_total") == 7
     assert v("kvoffload_runtime_requests_total") == 11
     assert v("kvoffload_runtime_prompt_tokens_total", outcome="gpu_hit") == 100
+    assert v("kvoffload_runtime_prompt_tokens_total", outcome="truncated") == 50
     assert v("kvoffload_runtime_prompt_tokens_total", outcome="cpu_hit") == 300
     assert v("kvoffload_runtime_prompt_tokens_total", outcome="computed") == 600
     assert v("kvoffload_runtime_verify_failures_total") == 0

@@ -95,6 +95,7 @@ def test_tracing_spans_names_attributes_and_parents(otel: OTel) -> None:
         "kvoffload.request.gpu_hit_tokens": 64,
         "kvoffload.request.cpu_hit_tokens": 128,
         "kvoffload.request.computed_tokens": 64,
+        "kvoffload.request.truncated_tokens": 0,
     }
     # from scheduling to completion (its load included)
     assert req.start_time is not None and step.start_time is not None

@@ -136,6 +136,7 @@ RUNTIME_COUNTERS = (
     "gpu_hit_tokens",
     "cpu_hit_tokens",
     "computed_tokens",
+    "truncated_tokens",
     "load_jobs",
     "store_jobs",
     "failed_jobs",
@@ -175,7 +176,10 @@ def assert_settled(engine: Engine, snap: EngineSnapshot) -> None:
     assert (m.pinned, m.in_flight) == (0, 0)
     assert m.counters.load_blocks == m.counters.load_completed_blocks
     rt = snap.runtime
-    assert rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens == rt.prompt_tokens
+    assert (
+        rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens + rt.truncated_tokens
+        == rt.prompt_tokens
+    )
     # every GPU block is reusable again
     assert engine.kv.available() == engine.config.num_gpu_blocks
 
@@ -338,7 +342,8 @@ def test_engine_injected_failures_keep_accounting_exact(layout: Layout) -> None:
     # load's tokens count as computed, so the requests add up to the totals
     # (they used to count failed loads as CPU hits)
     assert len(records.requests) == rt.requests
-    for outcome in ("prompt_tokens", "gpu_hit_tokens", "cpu_hit_tokens", "computed_tokens"):
+    outcomes = ("gpu_hit_tokens", "cpu_hit_tokens", "computed_tokens", "truncated_tokens")
+    for outcome in ("prompt_tokens", *outcomes):
         assert sum(getattr(r, outcome) for r in records.requests) == getattr(rt, outcome)
     assert all(0 < r.started_ns <= r.finished_ns for r in records.requests)
 
@@ -451,7 +456,7 @@ def test_engine_counters_stay_monotonic_when_loads_fail_steps_later() -> None:
         snap = engine.snapshot()
         assert_monotonic(previous, snap)
         rt = snap.runtime
-        settled = rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens
+        settled = rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens + rt.truncated_tokens
         assert settled <= rt.prompt_tokens
         in_flight_seen |= settled < rt.prompt_tokens
         previous = snap
@@ -603,7 +608,10 @@ def test_engine_calls_every_observer_hook_with_consistent_numbers() -> None:
     # finished); the tokens add up per request and in total
     assert sorted(r.request_id for r in records.requests) == list(range(150))
     for r in records.requests:
-        assert r.gpu_hit_tokens + r.cpu_hit_tokens + r.computed_tokens == r.prompt_tokens
+        assert (
+            r.gpu_hit_tokens + r.cpu_hit_tokens + r.computed_tokens + r.truncated_tokens
+            == r.prompt_tokens
+        )
     assert sum(r.prompt_tokens for r in records.requests) == rt.prompt_tokens
     assert sum(r.gpu_hit_tokens for r in records.requests) == rt.gpu_hit_tokens
     assert sum(r.cpu_hit_tokens for r in records.requests) == rt.cpu_hit_tokens
@@ -720,3 +728,34 @@ def test_a_cpu_cache_and_tier_that_fit_alone_but_not_together_are_refused(
         "kvoffload.runtime.engine.default_max_cpu_bytes", lambda: store_bytes + mirror_bytes
     )
     Engine(config, synthetic(num_requests=1))  # exactly the share is enough
+
+
+def test_a_prompt_longer_than_half_the_gpu_cache_counts_its_tail_as_truncated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # found by an audit: the engine serves the prefix the simulated GPU cache
+    # prefills at once (half of it) and dropped the rest from every count (a
+    # 23,141-token prompt had gen_ai.usage.input_tokens 4096, and the prompt
+    # tokens of a trace's 300 requests were a quarter of the trace's)
+    config = small_config()  # 96 GPU blocks of 16 tokens: 48 prefilled at once
+    requests = [
+        Request(0, 0.0, tuple(range(20)), 20 * BLOCK, 1),  # 80 GPU blocks: 32 cut
+        Request(1, 0.0, (100,), BLOCK, 1),  # 4: whole
+        Request(2, 0.0, tuple(range(30)), 30 * BLOCK, 1),  # 120: 72 cut
+    ]
+    recorder = Recorder()
+    engine = Engine(
+        config, TraceWorkload(requests, name="long", trace_block_size=BLOCK), [recorder]
+    )
+    with caplog.at_level("WARNING", logger="kvoffload.runtime.scheduling"):
+        rt = engine.run().runtime
+    cut = {r.request_id: r.truncated_tokens for r in recorder.requests}
+    assert cut == {0: 32 * 16, 1: 0, 2: 72 * 16}
+    for r in recorder.requests:
+        assert r.prompt_tokens == len(requests[r.request_id].block_ids) * BLOCK
+        served = r.gpu_hit_tokens + r.cpu_hit_tokens + r.computed_tokens
+        assert served + r.truncated_tokens == r.prompt_tokens
+    assert rt.truncated_tokens == sum(cut.values())
+    assert rt.prompt_tokens == sum(len(r.block_ids) * BLOCK for r in requests)
+    (warning,) = caplog.records  # once, at the first such request
+    assert "request 0 has 80 full GPU blocks of prompt" in warning.getMessage()

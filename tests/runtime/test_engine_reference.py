@@ -175,7 +175,7 @@ class ReferenceReplay:
     gpu: ReferenceGPUCache = field(init=False)
     cpu: ReferenceCPUTier = field(init=False)
     #: per request: (prompt, GPU hit, CPU hit, computed) tokens
-    requests: list[tuple[int, int, int, int]] = field(default_factory=list)
+    requests: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     jobs: dict[str, int] = field(default_factory=lambda: {"load": 0, "store": 0})
     moved: dict[str, int] = field(default_factory=lambda: {"load": 0, "store": 0})
 
@@ -185,9 +185,10 @@ class ReferenceReplay:
 
     def serve(self, ids: Sequence[int], input_length: int) -> None:
         gpu, cpu = self.gpu, self.cpu
-        # full GPU blocks only, and no more than half the GPU cache
-        n = min(len(ids) * K, input_length // GPU_BLOCK)
-        n = min(n, max(K, self.num_gpu_blocks // 2 // K * K))
+        # full GPU blocks only, and no more than half the GPU cache (the rest
+        # is truncated: counted, not served)
+        whole = min(len(ids) * K, input_length // GPU_BLOCK)
+        n = min(whole, max(K, self.num_gpu_blocks // 2 // K * K))
         keys = [(ids[p // K], p % K) for p in range(n)]
         offloaded = list(ids[: n // K])
         if offloaded:
@@ -225,7 +226,13 @@ class ReferenceReplay:
             self.jobs["store"] += 1
             self.moved["store"] += len(store_keys)
         self.requests.append(
-            (n * GPU_BLOCK, g * GPU_BLOCK, (load_end - g) * GPU_BLOCK, (n - load_end) * GPU_BLOCK)
+            (
+                whole * GPU_BLOCK,
+                g * GPU_BLOCK,
+                (load_end - g) * GPU_BLOCK,
+                (n - load_end) * GPU_BLOCK,
+                (whole - n) * GPU_BLOCK,
+            )
         )
 
 
@@ -305,7 +312,7 @@ def test_engine_replay_counts_equal_the_reference_model(
         ref.serve(r.block_ids, r.input_length)
 
     got = [
-        (x.prompt_tokens, x.gpu_hit_tokens, x.cpu_hit_tokens, x.computed_tokens)
+        (x.prompt_tokens, x.gpu_hit_tokens, x.cpu_hit_tokens, x.computed_tokens, x.truncated_tokens)
         for x in records.records
     ]
     assert [x.request_id for x in records.records] == [r.request_id for r in trace]
@@ -314,7 +321,13 @@ def test_engine_replay_counts_equal_the_reference_model(
 
     rt = snap.runtime
     totals = [sum(col) for col in zip(*ref.requests, strict=True)]
-    assert [rt.prompt_tokens, rt.gpu_hit_tokens, rt.cpu_hit_tokens, rt.computed_tokens] == totals
+    assert [
+        rt.prompt_tokens,
+        rt.gpu_hit_tokens,
+        rt.cpu_hit_tokens,
+        rt.computed_tokens,
+        rt.truncated_tokens,
+    ] == totals
     assert (rt.steps, rt.requests) == (len(trace), len(trace))
     assert (rt.load_jobs, rt.store_jobs) == (ref.jobs["load"], ref.jobs["store"])
     assert (rt.loaded_gpu_blocks, rt.stored_gpu_blocks) == (ref.moved["load"], ref.moved["store"])

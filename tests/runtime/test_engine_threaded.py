@@ -115,7 +115,10 @@ def test_engine_thread_pause_resume_and_reset(engine: Engine) -> None:
     # its jobs finished at the pause: every count is settled
     assert (snap.manager.in_flight, snap.manager.pinned) == (0, 0)
     rt = snap.runtime
-    assert rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens == rt.prompt_tokens
+    assert (
+        rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens + rt.truncated_tokens
+        == rt.prompt_tokens
+    )
     time.sleep(0.2)  # a paused engine takes no step
     assert engine.snapshot().step == snap.step
     assert engine.state == "paused"
@@ -160,7 +163,10 @@ def test_engine_thread_stop_returns_a_settled_final_snapshot(engine: Engine) -> 
     assert (m.in_flight, m.pinned) == (0, 0)
     assert m.used + m.free == m.capacity
     rt = final.runtime
-    assert rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens == rt.prompt_tokens
+    assert (
+        rt.gpu_hit_tokens + rt.cpu_hit_tokens + rt.computed_tokens + rt.truncated_tokens
+        == rt.prompt_tokens
+    )
     assert rt.verify_failures == 0
     # nothing runs any more
     time.sleep(0.05)
