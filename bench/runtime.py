@@ -11,8 +11,8 @@ otherwise).
 
 Columns: requests/s, engine steps/s, GPU-sized blocks moved/s and bytes
 moved/s (loads + stores), the prefix hit ratios achieved (CPU tier:
-``cpu_hit_tokens / prompt_tokens``; GPU prefix cache likewise) and
-``verify_failures``.
+``cpu_hit_tokens`` over the prompt tokens served, ``prompt_tokens -
+truncated_tokens``; GPU prefix cache likewise) and ``verify_failures``.
 
 Torch runs single-threaded unless ``--threads`` says otherwise: the
 engine's tensor ops are small (one request's blocks), and on a loaded
@@ -63,7 +63,7 @@ class Result:
         s = self.seconds
         moved_blocks = rt.loaded_gpu_blocks + rt.stored_gpu_blocks
         moved_bytes = rt.loaded_bytes + rt.stored_bytes
-        prompt = max(1, rt.prompt_tokens)
+        prompt = max(1, rt.prompt_tokens - rt.truncated_tokens)  # the tokens served
         return {
             "policy": self.policy,
             "seconds": round(s, 3),
