@@ -34,8 +34,9 @@ async def apply(
     at once, on the calling thread, which must not be the event loop's.
 
     The whole exchange is one span ``kvoffload.admin.<action>`` carrying the
-    request's ``attributes``, the outcome (``applied`` or the error code) and,
-    when applied, the policy, its version and the step it took effect at.
+    request's ``attributes``, the outcome (``applied``, ``unchanged`` for a
+    command that changed nothing, or the error code) and, when answered, the
+    policy, its version and the step it took effect at.
     """
     timeout = service.settings.command_timeout
     with service.tracer.start_as_current_span(
@@ -66,7 +67,9 @@ async def apply(
             raise
         span.set_attributes(
             {
-                "kvoffload.admin.outcome": "applied",
+                # a switch to the policy in use, a pause of an engine not
+                # running, a resume of a running one: answered, but no command
+                "kvoffload.admin.outcome": "unchanged" if result.changed_nothing else "applied",
                 "kvoffload.policy": result.policy,
                 "kvoffload.policy.version": result.policy_version,
                 "kvoffload.step": result.applied_at_step,
