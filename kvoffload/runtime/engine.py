@@ -156,9 +156,8 @@ class Engine:
         # queue order) and unhinted right before it is served: ``_hinted``
         # holds their blocks and tickets, aligned with the queue (both FIFO).
         self._hinted: deque[tuple[Request, RequestBlocks, int]] = deque()
-        self._arrivals = Arrivals(workload, config.speed)
         self._queue = WaitingQueue(
-            self._arrivals, config.max_waiting_requests, on_arrival=self._hint
+            Arrivals(workload, config.speed), config.max_waiting_requests, on_arrival=self._hint
         )
         self._admit_per_step = max(ADMIT_PER_STEP, config.max_requests_per_step)
         self._state: EngineState = "created"
@@ -407,10 +406,10 @@ class Engine:
                 # now, so every count it publishes is settled. The workload's
                 # clock stops with it: nothing arrives while it is paused.
                 self._jobs.drain()
-                self._arrivals.pause()
+                self._queue.arrivals.pause()
                 self._state = "paused"
             elif command.kind == "resume" and before == "paused":
-                self._arrivals.resume()
+                self._queue.arrivals.resume()
                 self._state = "running"
             detail = {"from": before, "to": self._state}
         elif command.kind == "reset":
