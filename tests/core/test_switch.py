@@ -15,7 +15,7 @@ from kvoffload import (
     PolicyFailedError,
     PolicyOffloadingManager,
 )
-from kvoffload.policies import available_policies
+from kvoffload.policies import EvictionPolicy, available_policies
 
 from .fakes import bh, bhs, manager_state, ref_cnt, resident, store
 
@@ -148,10 +148,17 @@ def test_switch_records_an_event_and_keeps_vllm_events_clean() -> None:
     assert [e.removed for e in m.take_events()] == [False]  # only the store
 
 
+def _choose(monkeypatch: pytest.MonkeyPatch, cls: type[EvictionPolicy]) -> None:
+    """Make ``cls`` the policy its ``name`` names, for this test."""
+    import kvoffload.policies as policies
+
+    real = policies.policy_class
+    monkeypatch.setattr(policies, "policy_class", lambda n: cls if n == cls.name else real(n))
+
+
 def test_switch_resets_the_touch_rules_of_the_old_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A policy that keeps the table's default touch rules must not inherit
     the previous policy's (ARC's would move a touched block to list 1)."""
-    import kvoffload.policies as policies
     from kvoffload.policies.lru import LRUPolicy
 
     class DefaultRules(LRUPolicy):
@@ -162,7 +169,7 @@ def test_switch_resets_the_touch_rules_of_the_old_policy(monkeypatch: pytest.Mon
 
     m = ARCOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
-    monkeypatch.setattr(policies, "policy_class", lambda name: DefaultRules)
+    _choose(monkeypatch, DefaultRules)
     m.switch_policy("default-rules")
     m.touch(bhs(1))
     table = m.table
@@ -197,7 +204,6 @@ def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
     """A policy of one's own whose seed raises: the switch once left the old
     policy in place with the table's touch rules and ghosts reset under it
     (ARC no longer promoted a touched block to T2)."""
-    import kvoffload.policies as policies
     from kvoffload.policies.lru import LRUPolicy
 
     class Broken(LRUPolicy):
@@ -208,10 +214,7 @@ def test_a_policy_that_fails_to_seed_leaves_a_working_manager(
 
     m = ARCOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
-    real = policies.policy_class
-    monkeypatch.setattr(
-        policies, "policy_class", lambda name: Broken if name == "broken" else real(name)
-    )
+    _choose(monkeypatch, Broken)
     blocks, evictions = _blocks(m), m.stats().counters.evictions
     with pytest.raises(
         PolicyFailedError, match=r"'broken' failed to take over .*RuntimeError: seed failed"
@@ -228,7 +231,6 @@ def test_a_policy_whose_constructor_raises_changes_nothing(
 ) -> None:
     # found by an audit: the constructor's own error came out of the switch
     # (a 500 from the admin API), not the PolicyError the switch documents
-    import kvoffload.policies as policies
     from kvoffload.policies.lru import LRUPolicy
 
     class Unbuildable(LRUPolicy):
@@ -239,10 +241,7 @@ def test_a_policy_whose_constructor_raises_changes_nothing(
 
     m = ARCOffloadingManager(CPUBackend(16, 4))
     store(m, 1, 2, 3)
-    real = policies.policy_class
-    monkeypatch.setattr(
-        policies, "policy_class", lambda name: Unbuildable if name == "unbuildable" else real(name)
-    )
+    _choose(monkeypatch, Unbuildable)
     blocks, stats = _blocks(m), m.stats()
     with pytest.raises(
         PolicyFailedError, match=r"'unbuildable' could not be built \(TypeError: cannot build\)"
@@ -256,7 +255,6 @@ def test_a_failed_switch_away_from_hkvarc_leaves_its_counters_as_they_were(
 ) -> None:
     # the copy of hkvarc that takes the blocks back holds the hinted ones
     # again, which it counted as deferring them: 'deferred' went 2 -> 4 (audit)
-    import kvoffload.policies as policies
     from kvoffload.policies.lru import LRUPolicy
 
     class Broken(LRUPolicy):
@@ -268,10 +266,7 @@ def test_a_failed_switch_away_from_hkvarc_leaves_its_counters_as_they_were(
     m = PolicyOffloadingManager(CPUBackend(16, 4), policy="hkvarc")
     store(m, 1, 2, 3)
     m.hint(bhs(1, 2))
-    real = policies.policy_class
-    monkeypatch.setattr(
-        policies, "policy_class", lambda name: Broken if name == "broken" else real(name)
-    )
+    _choose(monkeypatch, Broken)
     before = dict(m.stats().policy_counters)
     assert before["deferred"] == 2
     with pytest.raises(PolicyFailedError, match="failed to take over"):
