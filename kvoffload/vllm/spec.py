@@ -44,6 +44,15 @@ def _attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, A
     return {name: layers[name].get_attn_backend() for name in layer_names}
 
 
+def _release_worker_connector() -> None:
+    """Release the worker connector vLLM 0.11.2 keeps in a process global, as
+    ``EngineCore.shutdown()`` does: an engine whose start fails never gets
+    there, and the next engine in the process would get this one's."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_shutdown
+
+    ensure_kv_transfer_shutdown()
+
+
 class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped here
     """Offload vLLM's KV cache to kvoffload's CPU tier.
 
@@ -91,12 +100,16 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
                 # the web stack, only for an engine that asks for it
                 from kvoffload.vllm.admin import serve_admin
 
-                manager = serve_admin(
-                    manager,
-                    self.admin_port,
-                    vllm_events=self.vllm_events,
-                    workers=live.live_handlers(self.vllm_config),
-                )
+                try:
+                    manager = serve_admin(
+                        manager,
+                        self.admin_port,
+                        vllm_events=self.vllm_events,
+                        workers=live.live_handlers(self.vllm_config),
+                    )
+                except ConfigError:
+                    _release_worker_connector()
+                    raise
             live.add_manager(manager)
             self._manager = manager
         return self._manager
@@ -106,11 +119,23 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
     ) -> Iterator[tuple[type[LoadStoreSpec], type[LoadStoreSpec], ReportingHandler]]:
         """One handler for GPU->CPU and CPU->GPU, its layout learnt from the
         attention backends (vLLM's CPU cache is ``(2, num_blocks, ...)``,
-        which a shape alone cannot tell from blocks-first)."""
-        if self._handler is None:
-            backends = _attention_backends(self.vllm_config, list(kv_caches))
-            inner = self.kvoffload_spec.get_handler(kv_caches, backends)
-            self._handler = ReportingHandler(inner)
-            live.add_handler(self._handler, self.vllm_config)
+        which a shape alone cannot tell from blocks-first). vLLM asks once per
+        engine; a second call is another engine's worker given this one's
+        connector (:class:`~kvoffload.errors.ConfigError`)."""
+        if self._handler is not None:
+            # vLLM 0.11.2 keeps one worker connector per process: a second
+            # engine's workers in this process got the first's (whose handler
+            # vLLM would register twice, failing on a bare assert)
+            raise ConfigError(
+                "vLLM 0.11.2 keeps one KV connector per process, and this engine's worker "
+                "got the one of an engine still alive in this process (its engine core in "
+                "the calling process: VLLM_ENABLE_V1_MULTIPROCESSING=0): shut that engine "
+                "down first (llm.llm_engine.engine_core.shutdown()), or let vLLM run each "
+                "engine core in a process of its own (its default)"
+            )
+        backends = _attention_backends(self.vllm_config, list(kv_caches))
+        inner = self.kvoffload_spec.get_handler(kv_caches, backends)
+        self._handler = ReportingHandler(inner)
+        live.add_handler(self._handler, self.vllm_config)
         yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler
         yield CPULoadStoreSpec, GPULoadStoreSpec, self._handler

@@ -167,18 +167,6 @@ def test_server_stops_when_a_worker_of_its_engine_is_freed() -> None:
     gc.collect()
 
 
-def test_two_engines_in_one_process_both_count_every_handler_s_jobs() -> None:
-    """What docs/vllm.md says of two engines alive in one process: transfer
-    listeners are per process, so each server counts every handler's jobs."""
-    first, second = served(), served()
-    live.report(TransferRecord(1, "store", 1, 4096, 0, 1_000_000, True))
-    for server in live_admin_servers():
-        text = httpx.get(f"{server.url}/metrics").text
-        assert 'kvoffload_transfer_jobs_total{direction="store",outcome="ok"} 1.0' in text
-    assert len(live_admin_servers()) == 2
-    del first, second
-
-
 def test_port_in_use_fails_naming_the_port_and_the_setting() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -5,6 +5,7 @@ load, and a server that lives and dies with the engine."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 from collections.abc import Mapping
@@ -23,7 +24,6 @@ from .workload import (
     GPU_BLOCK_SIZE,
     PREFIX_TOKENS,
     Run,
-    failing_engine_start,
     free_port,
     kvoffload_extra,
     make_llm,
@@ -234,10 +234,32 @@ def test_engine_start_fails_naming_admin_port_when_it_is_taken(model_dir: Path) 
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with failing_engine_start(), pytest.raises(ConfigError) as info:
+        with pytest.raises(ConfigError) as info:
             make_llm(model_dir, kvoffload_extra(num_cpu_blocks=8, admin_port=port))
     message = str(info.value)
     assert f"admin_port {port} of kv_connector_extra_config" in message
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in message
     assert "choose another admin_port, or 0 for any free port" in message
     assert live_admin_servers() == []
+    # and the advice works in this process: the failed engine's worker
+    # connector, which vLLM keeps in a process global, was let go (an audit
+    # found the retry failing on vLLM's bare assert, its handler registered
+    # twice)
+    run = run_workload(model_dir, kvoffload_extra(num_cpu_blocks=BIG_TIER, admin_port=0))
+    assert run.stats is not None and run.stats.counters.store_blocks["stored"] > 0
+
+
+def test_a_second_engine_in_the_process_is_refused_saying_why(model_dir: Path) -> None:
+    # vLLM 0.11.2 keeps one worker connector per process: with the engine
+    # core in this process, a second engine's worker got the first's, and
+    # vLLM failed on a bare assert as it registered its handler again (audit)
+    first = make_llm(model_dir, kvoffload_extra(num_cpu_blocks=8))
+    try:
+        with pytest.raises(ConfigError) as info:
+            make_llm(model_dir, kvoffload_extra(num_cpu_blocks=8))
+        assert "vLLM 0.11.2 keeps one KV connector per process" in str(info.value)
+        assert "llm.llm_engine.engine_core.shutdown()" in str(info.value)
+    finally:
+        first.llm_engine.engine_core.shutdown()
+        del first
+        gc.collect()

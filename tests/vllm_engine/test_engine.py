@@ -166,21 +166,39 @@ def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
         make_llm(model_dir, extra)
 
 
-def run_script(
-    model_dir: Path, extra: dict[str, Any], tmp_path: Path, engine: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], str]:
+def script_process(
+    model_dir: Path, extra: dict[str, Any], result: Path, engine: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The workload in a fresh process whose engine core runs in a child
-    process of its own (vLLM's default outside tests): what it wrote, and
-    its log."""
+    process of its own (vLLM's default outside tests), writing ``result``."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     script = Path(__file__).with_name("workload.py")
-    result = tmp_path / "steps.json"
     args = [sys.executable, str(script), str(model_dir), json.dumps(extra), str(result)]
     if engine is not None:
         args.append(json.dumps(engine))
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=420)
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=420)
+
+
+def run_script(
+    model_dir: Path, extra: dict[str, Any], tmp_path: Path, engine: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], str]:
+    """:func:`script_process`, which must succeed: what it wrote, and its log."""
+    result = tmp_path / "steps.json"
+    out = script_process(model_dir, extra, result, engine)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(result.read_text()), out.stdout + out.stderr
+
+
+def test_a_bad_extra_config_in_the_engine_core_s_own_process(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """docs/vllm.md: with the engine core in a process of its own, the caller
+    gets vLLM's RuntimeError and the ConfigError is in the engine core's log."""
+    out = script_process(model_dir, kvoffload_extra(num_cpu_blocks=0), tmp_path / "none.json")
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "RuntimeError: Engine core initialization failed" in log, log[-3000:]
+    assert "num_cpu_blocks must be a positive integer, got 0" in log, log[-3000:]
 
 
 def test_engine_core_in_its_own_process(model_dir: Path, baseline: Run, tmp_path: Path) -> None:
