@@ -396,7 +396,7 @@ def belady(
     chain is used only with it). That is the bound to hold a policy to when
     it may decline stores (``hkvarc`` with hints does), which the first can
     be well below (the synthetic trace at 1%: 0.1593, against 0.1854 with
-    bypass and hkvarc's 0.1645 with 128 requests hinted).
+    bypass and hkvarc's 0.1668 with 128 requests hinted).
 
     Next uses are precomputed backwards; victims come from a max-heap keyed by
     next use with lazy invalidation (an entry is live only while its key is

@@ -266,6 +266,9 @@ def test_cli_replay_with_hints_bounds_declined_stores_by_belady_with_bypass() ->
     runs = {run["policy"]: run for run in json.loads(done.stdout)["runs"]}
     hk = runs["hkvarc"]
     assert hk["belady_hit_blocks"] < hk["hit_blocks"] <= hk["belady_bypass_hit_blocks"]
+    # as docs/policies.md and kvoffload/replay.py quote them (it once said .1645)
+    quoted = (hk["belady_hit_ratio"], hk["prefix_hit_ratio"], hk["belady_bypass_hit_ratio"])
+    assert [round(r, 4) for r in quoted] == [0.1593, 0.1668, 0.1854]
     assert runs["kvarc"]["hit_blocks"] <= runs["kvarc"]["belady_hit_blocks"]
     table = kvoffload(
         "replay", SYNTHETIC, "--capacity", "1%", "--policy", "hkvarc", "--lookahead", "128"
