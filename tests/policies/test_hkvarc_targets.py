@@ -64,3 +64,17 @@ def test_vllm_docs_figures_of_a_short_window_are_the_replays() -> None:
                 ours = replay(trace, policy="hkvarc", capacity=blocks, lookahead=w)
                 measured.append(round(ours.prefix_hit_ratio - kvarc, 4))
     assert measured == figures
+
+
+@pytest.mark.parametrize("name", list(lookahead.GENERATED))
+def test_hkvarc_is_at_or_above_the_baseline_and_kvarc_on_our_workloads(name: str) -> None:
+    """The README's "at or above the baseline in 95 of 96 grid cells" and
+    docs/policies.md's "at or above kvarc in all 96": the 72 generator cells
+    (the one miss is a shared-trace cell, above), against the baseline
+    measured here; only a full bench run checked them before."""
+    for c in lookahead.grid(name, lookahead.load(name), lookahead.WS):
+        cell = (c.workload, c.capacity, c.lookahead)
+        assert c.hkvarc >= c.baseline, (cell, c.hkvarc, c.baseline)
+        assert c.hkvarc >= c.kvarc, (cell, c.hkvarc, c.kvarc)
+        if c.lookahead == 0:
+            assert c.hits[0] == c.hits[1], cell  # exactly kvarc without hints
