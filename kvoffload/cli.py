@@ -251,8 +251,9 @@ def _split(texts: Sequence[str], what: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """One (trace, policy, capacity) run and the bounds at its capacity (with
-    bypass only for a replay with hints, where a policy may decline stores)."""
+    """One (trace, capacity, window, policy) run and the bounds at its
+    capacity (with bypass only for a replay with hints, where a policy may
+    decline stores)."""
 
     result: ReplayResult
     bound: BeladyResult
