@@ -3,11 +3,16 @@
 For each per-layer block size and job size it times a store (GPU->CPU) and a
 load (CPU->GPU) job through the handler, with contiguous and with random block
 ids, and a plain contiguous ``Tensor.copy_`` of the same bytes between the
-same devices (one copy per layer, like the job). Ratios near 1 mean the
-block mapping costs nothing on top of moving the bytes.
+same devices in the same direction (``out``: device to mirror, ``in``: mirror
+to device; one copy per layer, like the job). Ratios near 1 mean the block
+mapping costs nothing on top of moving the bytes.
+
+On CUDA ``--path`` chooses how scattered mirror rows are copied: ``auto`` (the
+handler's default), ``engines`` (copy engines only, ``row_kernel=False``) or
+``kernel`` (the row kernel for every job, ``row_kernel=True``).
 
 Run: ``.venv/bin/python bench/transfer.py [--quick] [--threads N] [--device cpu|cuda]
-[--block-kib 16,64] [--blocks 64,256]``.
+[--path auto|engines|kernel] [--block-kib 16,64] [--blocks 64,256]``.
 Timings are best-of-batches; nothing here is asserted.
 """
 
@@ -29,6 +34,10 @@ from kvoffload.transfer.worker import TransferSpec
 
 KIB = 1024
 MIB = 1024 * KIB
+#: --path -> CpuGpuOffloadingHandler(row_kernel=...)
+PATHS = {"auto": None, "engines": False, "kernel": True}
+#: Jobs a runner leaves in flight before it waits (CUDA; CPU jobs finish at submit).
+IN_FLIGHT = 4
 
 
 def best_seconds(
@@ -61,18 +70,20 @@ def best_seconds(
 
 
 def job_runner(
-    handler: CpuGpuOffloadingHandler,
-    spec: TransferSpec,
-    job_ids: Iterator[int],
-    sync: Callable[[], None],
+    handler: CpuGpuOffloadingHandler, spec: TransferSpec, job_ids: Iterator[int]
 ) -> Callable[[], None]:
-    """A call that submits ``spec`` as a new job and waits until it is reported."""
+    """A call that submits ``spec`` as a new job and reaps the jobs finished
+    so far, keeping at most :data:`IN_FLIGHT` in flight, as an engine does
+    (it submits each step and polls the next); the batch's closing sync
+    waits for the copies, like the reference's."""
 
     def run() -> None:
         ok = handler.transfer_async(next(job_ids), spec)
         assert ok, "the benchmark submitted a malformed job"
-        while not handler.get_finished():
-            sync()
+        while True:
+            assert all(ok for _, ok in handler.get_finished()), "a job failed"
+            if handler.num_in_flight <= IN_FLIGHT:
+                return
 
     return run
 
@@ -109,7 +120,9 @@ def bench_block_size(
         f"layer{i}": torch.randn((pool, block_bytes // 2), device=device).to(torch.float16)
         for i in range(args.layers)
     }
-    handler = CpuGpuOffloadingHandler(16, 16 * f, pool // f, caches, max_cpu_bytes=None)
+    handler = CpuGpuOffloadingHandler(
+        16, 16 * f, pool // f, caches, max_cpu_bytes=None, row_kernel=PATHS[args.path]
+    )
     job_ids = itertools.count()
     for n in counts:
         if n % f:
@@ -123,27 +136,26 @@ def bench_block_size(
             store: TransferSpec = (GPULoadStoreSpec(gpu_ids), CPULoadStoreSpec(cpu_ids))
             load: TransferSpec = (CPULoadStoreSpec(cpu_ids), GPULoadStoreSpec(gpu_ids))
             elems = n * block_bytes // 2
+            dev = [c.view(-1)[:elems] for c in caches.values()]
+            mirror = [m.view(-1)[:elems] for m in handler.cpu_tensors]
             t = best_seconds(
                 {
-                    "store": job_runner(handler, store, job_ids, sync),
-                    "load": job_runner(handler, load, job_ids, sync),
-                    "copy": plain_copy(
-                        [c.view(-1)[:elems] for c in caches.values()],
-                        [m.view(-1)[:elems] for m in handler.cpu_tensors],
-                    ),
+                    "store": job_runner(handler, store, job_ids),
+                    "load": job_runner(handler, load, job_ids),
+                    "out": plain_copy(dev, mirror),
+                    "in": plain_copy(mirror, dev),
                 },
                 sync,
                 budget,
                 clock,
             )
             nbytes = n * block_bytes * args.layers
-            st, ld = t["copy"] / t["store"], t["copy"] / t["load"]
+            st, ld = t["out"] / t["store"], t["in"] / t["load"]
             if n >= 64:
                 ratios[pattern] += [st, ld]
+            gbs = "".join(f" {nbytes / t[k] / 1e9:>8.2f}" for k in ("store", "load", "out", "in"))
             print(
-                f"{block_bytes // KIB:>6}Ki {n:>6} {pattern[:6]:>6} "
-                f"{nbytes / t['store'] / 1e9:>8.2f} {nbytes / t['load'] / 1e9:>8.2f} "
-                f"{nbytes / t['copy'] / 1e9:>8.2f} {st:>8.2f} {ld:>8.2f}",
+                f"{block_bytes // KIB:>6}Ki {n:>6} {pattern[:6]:>6}{gbs} {st:>8.2f} {ld:>8.2f}",
                 flush=True,
             )
 
@@ -153,6 +165,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--path",
+        choices=list(PATHS),
+        default="auto",
+        help="CUDA: how scattered mirror rows are copied (handler's row_kernel)",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--factor", type=int, default=1, help="cpu_block_size / gpu_block_size")
     ap.add_argument("--seed", type=int, default=0)
@@ -179,6 +197,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.path != "auto" and not args.device.startswith("cuda"):
+        ap.error("--path engines|kernel chooses between CUDA copy paths: it needs --device cuda")
     if args.clock == "cpu" and (args.device != "cpu" or torch.get_num_threads() != 1):
         ap.error("--clock cpu needs --device cpu and --threads 1")
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
@@ -198,12 +218,13 @@ def main() -> None:
     budget = 0.1 if args.quick else 0.5
     print(
         f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"layers={args.layers} factor={args.factor} clock={args.clock} "
-        "(GB/s = 1e9 bytes/s over all layers; ratio = handler GB/s / copy GB/s)"
+        f"layers={args.layers} factor={args.factor} clock={args.clock} path={args.path} "
+        "(GB/s = 1e9 bytes/s over all layers; st/out = store GB/s / out GB/s, "
+        "ld/in = load GB/s / in GB/s)"
     )
     header = (
-        f"{'block':>8} {'blocks':>6} {'ids':>6} {'store':>8} {'load':>8} {'copy':>8} "
-        f"{'st/copy':>8} {'ld/copy':>8}"
+        f"{'block':>8} {'blocks':>6} {'ids':>6} {'store':>8} {'load':>8} {'out':>8} "
+        f"{'in':>8} {'st/out':>8} {'ld/in':>8}"
     )
     print(header)
     print("-" * len(header))

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from kvoffload._checks import check_int, is_int
@@ -33,6 +35,8 @@ from kvoffload.errors import ConfigError
 from kvoffload.transfer.block_map import TransferPlan, admit_job, consecutive_runs
 from kvoffload.transfer.host_copy import HostCopier, RowPair
 from kvoffload.transfer.layout import AttentionBackendLike, Layout, block_dim, resolve_layouts
+from kvoffload.transfer.row_kernel import MAX_RUN_BYTES, copy_rows
+from kvoffload.transfer.row_kernel import available as row_kernel_available
 from kvoffload.transfer.worker import OffloadingHandler, TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
@@ -123,6 +127,7 @@ def _row_views(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[torch.Tensor, torc
 class _Job:
     event: torch.cuda.Event | None
     ok: bool
+    direction: str = ""
 
 
 class CpuGpuOffloadingHandler(OffloadingHandler):
@@ -160,6 +165,7 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         max_cpu_bytes: int | Literal["auto"] | None = "auto",
         compute_stream: torch.cuda.Stream | None = None,
         pin_memory: bool | None = None,
+        row_kernel: bool | None = None,
     ) -> None:
         """Resolve layouts, size and allocate the CPU mirror.
 
@@ -169,10 +175,15 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         caps the mirror: ``"auto"`` is :func:`default_max_cpu_bytes`, ``None``
         no cap. ``compute_stream`` is the stream stores wait on (default: the
         current stream at each submit). ``pin_memory`` defaults to "when the
-        caches are on CUDA". Raises :class:`~kvoffload.errors.ConfigError` on
-        bad sizes (ints >= 1), shapes, mixed devices, ``pin_memory=True``
-        without CUDA or a mirror above the cap, before allocating anything,
-        and if allocating the mirror fails.
+        caches are on CUDA". ``row_kernel`` says how a CUDA job with scattered
+        mirror rows is copied (:mod:`kvoffload.transfer.row_kernel`): ``None``
+        by the kernel where its runs are short and Triton is there, ``False``
+        by the copy engines only, ``True`` by the kernel always (Triton
+        required). Raises :class:`~kvoffload.errors.ConfigError` on bad sizes
+        (ints >= 1), shapes, mixed devices, ``pin_memory=True`` without CUDA,
+        ``row_kernel=True`` without CUDA, a pinned mirror or Triton, or a
+        mirror above the cap, before allocating anything, and if allocating
+        the mirror fails.
         """
         self.block_size_factor = _block_factor(gpu_block_size, cpu_block_size)
         check_int("num_cpu_blocks", num_cpu_blocks, 1)
@@ -182,6 +193,8 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
             )
         if not (pin_memory is None or isinstance(pin_memory, bool)):
             raise ConfigError(f"pin_memory must be None, True or False, got {pin_memory!r}")
+        if not (row_kernel is None or isinstance(row_kernel, bool)):
+            raise ConfigError(f"row_kernel must be None, True or False, got {row_kernel!r}")
         _check_caches(gpu_caches)
         devices = {t.device for t in gpu_caches.values()}
         if len(devices) > 1:
@@ -198,6 +211,17 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
                 "pin_memory=True needs CUDA (torch.cuda.is_available() is False); "
                 "pass pin_memory=False or None"
             )
+        # the kernel reads and writes the mirror over PCIe: pinned memory only
+        usable = (
+            row_kernel is not False and self.is_cuda and pin and row_kernel_available(self.device)
+        )
+        if row_kernel and not usable:
+            raise ConfigError(
+                "row_kernel=True needs KV tensors on CUDA, a pinned mirror and a working "
+                f"Triton (on {self.device}, pinned: {pin}; see the log for Triton); "
+                "pass row_kernel=None or False"
+            )
+        self._row_kernel: bool | None = row_kernel if usable else False
 
         self.layouts, self.num_gpu_blocks = _resolve(
             gpu_caches, layouts, num_gpu_blocks, attn_backends
@@ -325,12 +349,19 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         """Jobs whose copies completed since the last call, in submit order,
         each reported once; after it is reported a job id may be reused."""
         done: list[TransferResult] = []
+        # A stream finishes its work in order: after one pending job, later
+        # jobs of that direction are pending too and need no query.
+        pending: set[str] = set()
         for job_id, job in self._jobs.items():
             if job.event is None:
                 done.append((job_id, job.ok))
+            elif job.direction in pending:
+                continue
             elif job.event.query():  # type: ignore[no-untyped-call]
                 done.append((job_id, job.ok))
                 self._event_pool.append(job.event)
+            else:
+                pending.add(job.direction)
         for job_id, _ in done:
             del self._jobs[job_id]
         return done
@@ -367,14 +398,14 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         with torch.cuda.stream(stream):
             try:
                 if plan.copy.num_rows:
-                    device_copy(self._views, plan, self.device)
+                    device_copy(self._views, plan, self.device, kernel=self._row_kernel)
             except Exception:
                 logger.warning("transfer %d (%s) failed", job_id, plan.direction, exc_info=True)
                 ok = False
             # Recorded even on failure, so the job is reported only after the
             # copies already queued have stopped writing.
             event.record(stream)
-        return _Job(event, ok)
+        return _Job(event, ok, plan.direction)
 
 
 def device_copy(
@@ -382,19 +413,74 @@ def device_copy(
     plan: TransferPlan,
     device: torch.device,
     staging_bytes: int = DEVICE_STAGING_BYTES,
+    kernel: bool | None = None,
 ) -> None:
     """Queue the copies of one job on the current stream.
 
     ``views`` are ``(device tensor, mirror tensor)`` pairs with rows on dim 0.
-    The host (mirror) side is cut into runs of consecutive rows, one
-    non-blocking host<->device copy each. Where the device rows are not
-    consecutive they are gathered (store) or scattered (load) on the device
-    through a staging buffer of at most ``staging_bytes`` (a larger job is
-    done in chunks), so the number of PCIe copies follows the mirror's
-    fragmentation, not the GPU's, and the extra device memory stays bounded.
-    Works with CPU tensors too (nothing is pinned then), which is how its
-    logic is tested without a GPU.
+    With ``kernel`` true, or ``None`` on CUDA where the job has several mirror
+    runs averaging under :data:`~kvoffload.transfer.row_kernel.MAX_RUN_BYTES`, each
+    2-D contiguous view is copied by one launch of the scattered-row kernel
+    (the mirror must then be pinned). Otherwise the host (mirror) side is cut
+    into runs of consecutive rows, one non-blocking host<->device copy each.
+    Where the device rows are not consecutive they are gathered (store) or
+    scattered (load) on the device through a staging buffer of at most
+    ``staging_bytes`` (a larger job is done in chunks), so the number of PCIe
+    copies follows the mirror's fragmentation, not the GPU's, and the extra
+    device memory stays bounded. Works with CPU tensors too (nothing is
+    pinned then), which is how its logic is tested without a GPU.
     """
+    copy = plan.copy
+    store = plan.direction == "store"
+    host_runs = copy.dst_runs if store else copy.src_runs
+    rows: torch.Tensor | None = None
+    engine_views = []
+    for gpu, cpu in views:
+        row_bytes = (gpu.numel() // max(1, gpu.shape[0])) * gpu.element_size()
+        use_kernel = (
+            kernel is not False
+            and gpu.dim() == 2
+            and gpu.is_contiguous()
+            and cpu.is_contiguous()
+            and (
+                kernel
+                or (
+                    device.type == "cuda"
+                    and len(host_runs) > 1
+                    and row_bytes * copy.num_rows < MAX_RUN_BYTES * len(host_runs)
+                )
+            )
+        )
+        if not use_kernel:
+            engine_views.append((gpu, cpu))
+            continue
+        if rows is None:
+            rows = _upload(np.stack((copy.src, copy.dst)), device)
+        if store:
+            copy_rows(gpu, cpu, rows)
+        else:
+            copy_rows(cpu, gpu, rows)
+    if engine_views:
+        _engine_copy(engine_views, plan, device, staging_bytes)
+
+
+def _upload(idx: npt.NDArray[np.int64], device: torch.device) -> torch.Tensor:
+    """``idx`` on ``device``, queued on the current stream."""
+    t = torch.from_numpy(idx)
+    if device.type == "cuda":
+        # Pinned so the upload is asynchronous; the caching host allocator
+        # keeps the pinned copy alive until the stream is done with it.
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def _engine_copy(
+    views: list[tuple[torch.Tensor, torch.Tensor]],
+    plan: TransferPlan,
+    device: torch.device,
+    staging_bytes: int,
+) -> None:
+    """:func:`device_copy` by copy engines: one copy per mirror run."""
     copy = plan.copy
     store = plan.direction == "store"
     host_idx, dev_idx = (copy.dst, copy.src) if store else (copy.src, copy.dst)
@@ -409,12 +495,7 @@ def device_copy(
                 else:
                     gpu.narrow(0, g, k).copy_(cpu.narrow(0, h, k), non_blocking=True)
         return
-    dev_idx_t = torch.from_numpy(dev_idx)
-    if device.type == "cuda":
-        # Pinned so the upload is asynchronous; the caching host allocator
-        # keeps the pinned copy alive until the stream is done with it.
-        dev_idx_t = dev_idx_t.pin_memory()
-    dev_idx_t = dev_idx_t.to(device, non_blocking=True)
+    dev_idx_t = _upload(dev_idx, device)
     n = copy.num_rows
     for gpu, cpu in views:
         row_bytes = max(1, (gpu.numel() // max(1, gpu.shape[0])) * gpu.element_size())

@@ -119,6 +119,7 @@ EXPORTS = {
         "resolve_layouts",
     ],
     "kvoffload.transfer.memory": ["InMemoryOffloadingHandler"],
+    "kvoffload.transfer.row_kernel": ["MAX_RUN_BYTES", "available", "copy_rows"],
     "kvoffload.transfer.worker": [
         "OffloadingHandler", "OffloadingWorker", "TransferResult", "TransferSpec", "TransferType",
     ],

@@ -707,8 +707,9 @@ def test_a_cpu_cache_and_tier_that_fit_alone_but_not_together_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # each was checked against the memory share alone: both passed, and
-    # `kvoffload serve` could be killed for memory instead (found by an audit)
-    config = small_config()
+    # `kvoffload serve` could be killed for memory instead (found by an audit);
+    # on a CUDA device the simulated cache is not in CPU memory
+    config = small_config(device="cpu")
     store = Engine(config, synthetic(num_requests=1)).kv
     store_bytes = sum(t.numel() * t.element_size() for t in store.tensors.values())
     mirror_bytes = CpuGpuOffloadingHandler.mirror_bytes(

@@ -28,13 +28,13 @@ from kvoffload.transfer.layout import Layout
 from kvoffload.transfer.worker import TransferResult
 
 CUDA = torch.cuda.is_available()
+_ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
+# "cuda" copies these small scattered rows with the row kernel (where Triton
+# is there); "cuda-engines" with copy engines only (row_kernel=False).
 DEVICES = [
     pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")],
-    ),
+    pytest.param("cuda", id="cuda", marks=_ON_CUDA),
+    pytest.param("cuda-engines", id="cuda-engines", marks=_ON_CUDA),
 ]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int8]
 NUM_GPU = 12
@@ -97,6 +97,8 @@ class Rig:
 def make_rig(
     device: str, dtype: torch.dtype = torch.float16, factor: int = 3, seed: int = 0
 ) -> Rig:
+    """A handler over random caches on ``device`` (one of DEVICES' names)."""
+    device, row_kernel = ("cuda", False) if device == "cuda-engines" else (device, None)
     gen = torch.Generator().manual_seed(seed)
     caches = {
         name: random_tensor(
@@ -104,7 +106,9 @@ def make_rig(
         )
         for name, layout in LAYERS.items()
     }
-    handler = CpuGpuOffloadingHandler(16, 16 * factor, NUM_CPU, caches, layouts=dict(LAYERS))
+    handler = CpuGpuOffloadingHandler(
+        16, 16 * factor, NUM_CPU, caches, layouts=dict(LAYERS), row_kernel=row_kernel
+    )
     # Random mirror contents make "rows the job did not name are unchanged"
     # a real check rather than a comparison of zeros.
     for t in handler.cpu_tensors:
@@ -297,6 +301,28 @@ def test_cpu_gpu_jobs_report_in_submit_order_through_worker() -> None:
     assert worker.get_finished() == []
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cpu_gpu_cuda_jobs_report_once_in_submit_order_across_streams() -> None:
+    # Stores and loads run on two streams; a job is reported once its own
+    # stream reached it, never before an earlier job of the same direction,
+    # always in submit order.
+    cache = torch.zeros((8, 1 << 16), dtype=torch.float32, device="cuda")
+    h = CpuGpuOffloadingHandler(16, 16, 8, {"l": cache})
+    store = h._streams["store"]
+    with torch.cuda.stream(store):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: holds every store behind it
+    for job_id in (1, 2):
+        assert h.transfer_async(job_id, (GPULoadStoreSpec([job_id]), CPULoadStoreSpec([job_id])))
+    assert h.transfer_async(3, (CPULoadStoreSpec([5]), GPULoadStoreSpec([5])))
+    h._streams["load"].synchronize()
+    assert h.get_finished() == [(3, True)]
+    assert h.num_in_flight == 2
+    torch.cuda.synchronize()
+    assert h.get_finished() == [(1, True), (2, True)]
+    assert h.get_finished() == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_cpu_gpu_empty_job_succeeds(device: str) -> None:
     rig = make_rig(device)
@@ -353,6 +379,7 @@ _MIRROR_ARGS |= {"layouts", "num_gpu_blocks", "attn_backends"}
             "max_cpu_bytes must be 'auto', None or an int >= 0, got 1000000000000.0",
         ),
         ({"pin_memory": "yes"}, "pin_memory must be None, True or False, got 'yes'"),
+        ({"row_kernel": 1}, "row_kernel must be None, True or False, got 1"),
     ],
 )
 def test_cpu_gpu_bad_arguments_are_config_errors(kwargs: dict[str, object], message: str) -> None:
@@ -375,6 +402,18 @@ def test_cpu_gpu_bad_arguments_are_config_errors(kwargs: dict[str, object], mess
 def test_cpu_gpu_pin_memory_without_cuda_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"pin_memory=True needs CUDA"):
         CpuGpuOffloadingHandler(16, 16, 4, caches(), pin_memory=True)
+
+
+def test_cpu_gpu_row_kernel_needs_a_pinned_cuda_mirror() -> None:
+    # The kernel reaches the mirror through its device mapping: CPU caches, or
+    # an unpinned mirror, cannot take it, and saying so beats a crash at the
+    # first job.
+    with pytest.raises(ConfigError, match=r"row_kernel=True needs KV tensors on CUDA.*pinned: "):
+        CpuGpuOffloadingHandler(16, 16, 4, caches(), row_kernel=True)
+    if CUDA:
+        on_gpu = {name: t.cuda() for name, t in caches().items()}
+        with pytest.raises(ConfigError, match=r"pinned: False"):
+            CpuGpuOffloadingHandler(16, 16, 4, on_gpu, pin_memory=False, row_kernel=True)
 
 
 def test_cpu_gpu_mirror_allocation_failure_is_a_config_error() -> None:
@@ -489,7 +528,69 @@ def test_cpu_gpu_store_waits_for_compute_stream_defect8(explicit: bool) -> None:
     assert bool((h.cpu_tensors[0] == 7.0).all())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    ("row_kernel", "block_words", "mirror_ids", "kernel_launches"),
+    [
+        (None, 64, [1, 7, 2], 3),
+        (None, 1 << 18, [1, 7, 2], 0),
+        (None, 64, [1, 2, 3], 0),
+        (False, 64, [1, 7, 2], 0),
+        (True, 1 << 18, [1, 2, 3], 3),
+    ],
+)
+def test_cpu_gpu_row_kernel_takes_short_scattered_runs(
+    monkeypatch: pytest.MonkeyPatch,
+    row_kernel: bool | None,
+    block_words: int,
+    mirror_ids: list[int],
+    kernel_launches: int,
+) -> None:
+    # By default the kernel takes jobs of several mirror runs averaging under
+    # MAX_RUN_BYTES (here 512 B rows) and leaves 2 MiB rows and a single run
+    # to the copy engines; False and True decide for every job. One launch
+    # per view.
+    from kvoffload.transfer import cpu_gpu
+
+    launches: list[int] = []
+    real = cpu_gpu.copy_rows
+
+    def counted(src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
+        launches.append(rows.shape[1])
+        real(src, dst, rows)
+
+    monkeypatch.setattr(cpu_gpu, "copy_rows", counted)
+    gen = torch.Generator().manual_seed(3)
+    kv = {f"l{i}": random_tensor((8, block_words), torch.int64, gen, "cuda") for i in range(3)}
+    h = CpuGpuOffloadingHandler(16, 16, 8, kv, row_kernel=row_kernel)
+    assert h.transfer_async(1, (GPULoadStoreSpec([5, 0, 3]), CPULoadStoreSpec(mirror_ids)))
+    torch.cuda.synchronize()
+    assert h.get_finished() == [(1, True)]
+    assert launches == [3] * kernel_launches
+    for g, c in zip(h.gpu_tensors, h.cpu_tensors, strict=True):
+        assert torch.equal(c[mirror_ids], g[[5, 0, 3]].cpu())
+
+
 # -- the CUDA copy logic, exercised on CPU tensors -------------------------
+
+
+@pytest.fixture(params=[None, True], ids=["engines", "kernel"])
+def kernel(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[bool | None]:
+    """device_copy's ``kernel``: the row kernel runs in Triton's interpreter
+    on these CPU tensors (skipped without Triton)."""
+    if request.param is None:
+        yield None
+        return
+    pytest.importorskip("triton", reason="the row kernel needs Triton")
+    from kvoffload.transfer import row_kernel
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    row_kernel._kernel.cache_clear()
+    yield True
+    row_kernel._kernel.cache_clear()
 
 
 @pytest.mark.parametrize("direction", ["store", "load"])
@@ -497,7 +598,7 @@ def test_cpu_gpu_store_waits_for_compute_stream_defect8(explicit: bool) -> None:
 @pytest.mark.parametrize("staging_rows", [1, 3, 1000])
 @pytest.mark.parametrize("seed", range(4))
 def test_device_copy_matches_plan(
-    direction: str, factor: int, staging_rows: int, seed: int
+    direction: str, factor: int, staging_rows: int, seed: int, kernel: bool | None
 ) -> None:
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -520,6 +621,16 @@ def test_device_copy_matches_plan(
     expected[torch.from_numpy(plan.copy.dst)] = src[torch.from_numpy(plan.copy.src)]
     src_before = src.clone()
     row_bytes = 3 * 4 * 2
-    device_copy([(gpu, cpu)], plan, torch.device("cpu"), staging_bytes=staging_rows * row_bytes)
+    if kernel:  # the kernel copies 2-D integer views (what the handler gives it)
+        gpu_rows, cpu_rows = (t.view(t.shape[0], -1).view(torch.int16) for t in (gpu, cpu))
+    else:
+        gpu_rows, cpu_rows = gpu, cpu
+    device_copy(
+        [(gpu_rows, cpu_rows)],
+        plan,
+        torch.device("cpu"),
+        staging_bytes=staging_rows * row_bytes,
+        kernel=kernel,
+    )
     assert torch.equal(dst.view(torch.uint8), expected.view(torch.uint8))
     assert torch.equal(src.view(torch.uint8), src_before.view(torch.uint8))
