@@ -5,7 +5,9 @@ load (CPU->GPU) job through the handler, with contiguous and with random block
 ids, and a plain contiguous ``Tensor.copy_`` of the same bytes between the
 same devices in the same direction (``out``: device to mirror, ``in``: mirror
 to device; one copy per layer, like the job). Ratios near 1 mean the block
-mapping costs nothing on top of moving the bytes.
+mapping costs nothing on top of moving the bytes. On CUDA a runner keeps up to
+:data:`IN_FLIGHT` jobs in flight, as an engine does, and each timed batch ends
+with a device sync for both; docs/transfer.md has an H200's figures.
 
 On CUDA ``--path`` chooses how scattered mirror rows are copied: ``auto`` (the
 handler's default), ``engines`` (copy engines only, ``row_kernel=False``) or

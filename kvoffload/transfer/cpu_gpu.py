@@ -41,7 +41,7 @@ from kvoffload.transfer.worker import OffloadingHandler, TransferResult, Transfe
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CpuGpuOffloadingHandler", "default_max_cpu_bytes", "device_copy"]
+__all__ = ["CpuGpuOffloadingHandler", "default_max_cpu_bytes", "device_copy", "pinned_footprint"]
 
 #: Share of physical memory the CPU mirror may take when no limit is given.
 DEFAULT_RAM_FRACTION = 0.8
@@ -56,6 +56,15 @@ def default_max_cpu_bytes() -> int | None:
     except (AttributeError, ValueError, OSError):
         return None
     return int(total * DEFAULT_RAM_FRACTION) if total > 0 else None
+
+
+def pinned_footprint(layer_bytes: list[int]) -> int:
+    """Bytes of page-locked memory torch's caching host allocator takes for
+    mirror layers of ``layer_bytes``: it rounds each allocation up to the next
+    power of two (``torch.cuda.host_memory_stats``'s documentation says so;
+    ATen's ``CachingHostAllocator`` rounds with ``PowerOf2Ceil``), so a
+    2.1 GiB layer pins 4 GiB."""
+    return sum(1 << (b - 1).bit_length() if b > 0 else 0 for b in layer_bytes)
 
 
 def _block_factor(gpu_block_size: int, cpu_block_size: int) -> int:
@@ -233,33 +242,48 @@ class CpuGpuOffloadingHandler(OffloadingHandler):
         self.gpu_block_bytes = sum(
             t.numel() // self.num_gpu_blocks * t.element_size() for t in gpu_caches.values()
         )
+        rows = num_cpu_blocks * self.block_size_factor
+        layer_bytes = [
+            t.numel() // self.num_gpu_blocks * t.element_size() * rows for t in gpu_caches.values()
+        ]
         #: Bytes the CPU mirror takes.
-        self.cpu_mirror_bytes = self.gpu_block_bytes * num_cpu_blocks * self.block_size_factor
+        self.cpu_mirror_bytes = sum(layer_bytes)
+        #: Bytes of page-locked memory the mirror holds (0 when not pinned):
+        #: torch's pinned allocator rounds each layer's block up to a power of two.
+        self.cpu_pinned_bytes = pinned_footprint(layer_bytes) if pin else 0
+        held = max(self.cpu_mirror_bytes, self.cpu_pinned_bytes)
         limit = default_max_cpu_bytes() if max_cpu_bytes == "auto" else max_cpu_bytes
         logger.info(
-            "CPU mirror: %d layers, %d CPU blocks x %d sub-blocks, %.3f GiB (limit %s)",
+            "CPU mirror: %d layers, %d CPU blocks x %d sub-blocks, %.3f GiB, %.3f GiB pinned "
+            "(limit %s)",
             len(gpu_caches),
             num_cpu_blocks,
             self.block_size_factor,
             self.cpu_mirror_bytes / 2**30,
+            self.cpu_pinned_bytes / 2**30,
             "none" if limit is None else f"{limit / 2**30:.3f} GiB",
         )
-        if limit is not None and self.cpu_mirror_bytes > limit:
+        if limit is not None and held > limit:
             default = (
                 f" (by default {DEFAULT_RAM_FRACTION:.0%} of this machine's memory)"
                 if max_cpu_bytes == "auto"
                 else ""
             )
+            rounded = (
+                f", pinned as {held} bytes (torch's pinned allocator rounds each layer's "
+                "block up to a power of two; a layer just under one wastes least)"
+                if held > self.cpu_mirror_bytes
+                else ""
+            )
             raise ConfigError(
                 f"the CPU mirror needs {self.cpu_mirror_bytes} bytes "
                 f"({num_cpu_blocks} CPU blocks x {self.block_size_factor} x "
-                f"{self.gpu_block_bytes} bytes per GPU block), above "
+                f"{self.gpu_block_bytes} bytes per GPU block){rounded}, above "
                 f"max_cpu_bytes={limit}{default}; lower the CPU blocks (kvoffload serve: "
                 "--num-cpu-blocks / KVOFFLOAD_NUM_CPU_BLOCKS; vLLM: num_cpu_blocks), or pass "
                 "the handler a larger max_cpu_bytes"
             )
 
-        rows = num_cpu_blocks * self.block_size_factor
         self.gpu_tensors: list[torch.Tensor] = []
         self.cpu_tensors: list[torch.Tensor] = []
         # Block-major (device view, mirror view) pairs: one per blocks_first

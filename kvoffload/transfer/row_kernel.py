@@ -65,6 +65,7 @@ def available(device: torch.device) -> bool:
     and ``device`` (a CUDA device): Triton builds it and the bytes arrive.
     Checked once per device, with a tiny copy; logged when it is not."""
     try:
+        _kernel()  # first: "no Triton" is the likeliest reason, say that one
         kernel_rows = torch.tensor([[1, 0], [0, 1]], device=device)
         host = torch.arange(2 * 32, dtype=torch.int64).reshape(2, 32).pin_memory()
         on_device = torch.zeros((2, 32), dtype=torch.int64, device=device)

@@ -111,7 +111,9 @@ EXPORTS = {
         "CopyPlan", "Direction", "PartialCPULoadStoreSpec", "TransferPlan", "admit_job",
         "consecutive_runs", "expand_block_ids", "plan_copy", "plan_transfer",
     ],
-    "kvoffload.transfer.cpu_gpu": ["CpuGpuOffloadingHandler", "default_max_cpu_bytes", "device_copy"],
+    "kvoffload.transfer.cpu_gpu": [
+        "CpuGpuOffloadingHandler", "default_max_cpu_bytes", "device_copy", "pinned_footprint",
+    ],
     "kvoffload.transfer.faults": ["FaultInjectingHandler"],
     "kvoffload.transfer.host_copy": ["HostCopier", "RowPair", "Strategy"],
     "kvoffload.transfer.layout": [

@@ -23,6 +23,7 @@ from kvoffload.transfer.cpu_gpu import (
     CpuGpuOffloadingHandler,
     default_max_cpu_bytes,
     device_copy,
+    pinned_footprint,
 )
 from kvoffload.transfer.layout import Layout
 from kvoffload.transfer.worker import TransferResult
@@ -414,6 +415,44 @@ def test_cpu_gpu_row_kernel_needs_a_pinned_cuda_mirror() -> None:
         on_gpu = {name: t.cuda() for name, t in caches().items()}
         with pytest.raises(ConfigError, match=r"pinned: False"):
             CpuGpuOffloadingHandler(16, 16, 4, on_gpu, pin_memory=False, row_kernel=True)
+
+
+def test_row_kernel_probe_failure_keeps_the_copy_engines(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No Triton (or a device whose pinned memory the kernel cannot reach):
+    # the probe says so once, in the log, and answers False.
+    from kvoffload.transfer import row_kernel
+
+    def no_triton() -> None:
+        raise ImportError("No module named 'triton'")
+
+    monkeypatch.setattr(row_kernel, "_kernel", no_triton)
+    row_kernel.available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvoffload.transfer.row_kernel"):
+            assert row_kernel.available(torch.device("cpu")) is False
+    finally:
+        row_kernel.available.cache_clear()
+    assert "the scattered-row copy kernel is not usable on cpu (ImportError" in caplog.text
+    assert "scattered jobs go to the copy engines" in caplog.text
+
+
+def test_pinned_footprint_rounds_each_layer_up_to_a_power_of_two() -> None:
+    assert pinned_footprint([(3 << 20) + 4096, 4 << 20, 1, 0]) == (8 << 20) + 1
+    assert CpuGpuOffloadingHandler(16, 16, 4, caches()).cpu_pinned_bytes == 0  # not pinned
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cpu_gpu_mirror_limit_counts_the_pinned_rounding() -> None:
+    # A layer of 3 MiB + 4 KiB pins 4 MiB: the limit is checked against that.
+    kv = {"l": torch.zeros((16, (3 << 20) // 16 + 256), dtype=torch.uint8, device="cuda")}
+    with pytest.raises(ConfigError, match=r"pinned as 4194304 bytes \(torch's pinned allocator"):
+        CpuGpuOffloadingHandler(16, 16, 16, kv, max_cpu_bytes=(3 << 20) + 4096)
+    h = CpuGpuOffloadingHandler(16, 16, 16, kv, max_cpu_bytes=4 << 20)
+    assert (h.cpu_mirror_bytes, h.cpu_pinned_bytes) == ((3 << 20) + 4096, 4 << 20)
+    assert CpuGpuOffloadingHandler(16, 16, 16, kv, pin_memory=False).cpu_pinned_bytes == 0
 
 
 def test_cpu_gpu_mirror_allocation_failure_is_a_config_error() -> None:
