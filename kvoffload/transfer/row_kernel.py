@@ -32,9 +32,9 @@ __all__ = ["MAX_RUN_BYTES", "available", "copy_rows"]
 
 #: The handler prefers the kernel for a job of two or more mirror runs that
 #: average fewer bytes than this (per layer view); one run, or longer runs, go
-#: to the copy engines. Measured on an H200 over PCIe 5 (docs/performance.md):
-#: the kernel is 1.05-4x faster on random ids up to 1 MiB rows, even at 2 MiB,
-#: and slower for one run (one launch against one copy).
+#: to the copy engines. Measured on an H200 over PCIe 5 (docs/transfer.md):
+#: on random ids the kernel was 6-20x the copy engines' speed at 16 KiB rows
+#: and 1.1x at 1 MiB, even at 2 MiB, and slower for a single run.
 MAX_RUN_BYTES = 2 << 20
 #: Words (of the view's dtype) one program copies.
 _BLOCK = 1024
@@ -66,13 +66,14 @@ def available(device: torch.device) -> bool:
     Checked once per device, with a tiny copy; logged when it is not."""
     try:
         _kernel()  # first: "no Triton" is the likeliest reason, say that one
-        kernel_rows = torch.tensor([[1, 0], [0, 1]], device=device)
-        host = torch.arange(2 * 32, dtype=torch.int64).reshape(2, 32).pin_memory()
-        on_device = torch.zeros((2, 32), dtype=torch.int64, device=device)
-        back = torch.zeros((2, 32), dtype=torch.int64).pin_memory()
-        copy_rows(host, on_device, kernel_rows)
-        copy_rows(on_device, back, kernel_rows)
-        torch.cuda.synchronize(device)
+        with torch.cuda.device(device):  # Triton launches on the current device
+            kernel_rows = torch.tensor([[1, 0], [0, 1]], device=device)
+            host = torch.arange(2 * 32, dtype=torch.int64).reshape(2, 32).pin_memory()
+            on_device = torch.zeros((2, 32), dtype=torch.int64, device=device)
+            back = torch.zeros((2, 32), dtype=torch.int64).pin_memory()
+            copy_rows(host, on_device, kernel_rows)
+            copy_rows(on_device, back, kernel_rows)
+            torch.cuda.synchronize(device)
         if not torch.equal(back, host):
             raise RuntimeError(f"a probe copy came back wrong: {back.tolist()}")
     except Exception as e:  # no Triton, no compiler, no mapped pinned memory...
@@ -91,7 +92,8 @@ def copy_rows(src: torch.Tensor, dst: torch.Tensor, rows: torch.Tensor) -> None:
     """``dst[rows[1]] = src[rows[0]]`` for 2-D contiguous tensors with rows of
     the same width and dtype, one of them pinned host memory or both on the
     device; ``rows`` is a ``(2, n)`` int64 tensor on the device. Queued on
-    the current stream."""
+    the current stream of the current device (the handler's stream context
+    sets both)."""
     n = rows.shape[1]
     if n == 0:
         return
