@@ -206,7 +206,7 @@ class CPUOffloadingSpec(OffloadingSpec):
                 raise ConfigError(
                     f"kv_connector_extra_config for {type(self).__name__}: unknown key "
                     f"{unknown[0]!r} (valid keys: {', '.join(self.EXTRA_CONFIG_KEYS)}; "
-                    "policy_modules, admin_port and lookahead are keys of "
+                    "policy_modules, admin_port, lookahead and row_kernel are keys of "
                     "kvoffload.vllm.KVOffloadSpec)"
                 )
         self.num_cpu_blocks = self.config.num_cpu_blocks
@@ -228,9 +228,15 @@ class CPUOffloadingSpec(OffloadingSpec):
         return self._manager
 
     def get_handler(
-        self, kv_caches: dict[str, torch.Tensor], attn_backends: Mapping[str, Any] | None = None
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        attn_backends: Mapping[str, Any] | None = None,
+        *,
+        row_kernel: bool | None = None,
     ) -> CpuGpuOffloadingHandler:
-        """The one handler of both directions, built on the first call."""
+        """The one handler of both directions, built on the first call
+        (``row_kernel``: its CUDA copy path for scattered blocks, see
+        :class:`~kvoffload.transfer.CpuGpuOffloadingHandler`)."""
         if self._handler is None:
             from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 
@@ -240,6 +246,7 @@ class CPUOffloadingSpec(OffloadingSpec):
                 cpu_block_size=self.offloaded_block_size,
                 num_cpu_blocks=self.num_cpu_blocks,
                 attn_backends=attn_backends,
+                row_kernel=row_kernel,
             )
         return self._handler
 

@@ -13,6 +13,7 @@ vLLM's ``OffloadingConnector`` loads :class:`KVOffloadSpec` from here with::
             "eviction_policy": "kvarc",  # optional, default "lru"
             "admin_port": 8001,          # optional: kvoffload's admin API
             "lookahead": 64,             # optional: for HintingScheduler
+            "row_kernel": None,          # optional: CUDA copy path (docs/transfer.md)
         },
     )
 
@@ -28,7 +29,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.vllm.config import EXTRA_CONFIG_KEYS, admin_port, lookahead, offloading_config
+from kvoffload.vllm.config import (
+    EXTRA_CONFIG_KEYS,
+    admin_port,
+    lookahead,
+    offloading_config,
+    row_kernel,
+)
 from kvoffload.vllm.handler import ReportingHandler
 from kvoffload.vllm.live import (
     add_transfer_listener,
@@ -53,6 +60,7 @@ __all__ = [
     "live_managers",
     "lookahead",
     "offloading_config",
+    "row_kernel",
 ]
 
 

@@ -27,18 +27,20 @@ __all__ = [
     "admin_port",
     "lookahead",
     "offloading_config",
+    "row_kernel",
 ]
 
 SPEC_NAME = "KVOffloadSpec"
 SPEC_MODULE_PATH = "kvoffload.vllm"
 
 #: Every key the spec reads (docs/vllm.md says what each means): vLLM's, and
-#: three of its own
+#: four of its own
 EXTRA_CONFIG_KEYS = (
     *CPUOffloadingSpec.EXTRA_CONFIG_KEYS,
     "policy_modules",
     "admin_port",
     "lookahead",
+    "row_kernel",
 )
 
 #: the ports ``admin_port`` may name (0: any free port)
@@ -63,7 +65,8 @@ def offloading_config(
     ``policy_modules`` it imports first included), an ``admin_port``
     that is not an integer from 0 to 65535 (read it with :func:`admin_port`), a
     ``lookahead`` that is not an integer from 0 to :data:`MAX_LOOKAHEAD`
-    (:func:`lookahead`).
+    (:func:`lookahead`), a ``row_kernel`` that is not true, false or null
+    (:func:`row_kernel`).
     """
     problems: list[str] = []
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
@@ -118,7 +121,7 @@ def offloading_config(
             f"{', '.join(available_policies())})"
         )
 
-    for check in (admin_port, lookahead):
+    for check in (admin_port, lookahead, row_kernel):
         try:
             check(extra)
         except ConfigError as exc:
@@ -166,3 +169,19 @@ def lookahead(extra: Mapping[str, Any]) -> int:
             f"HintingScheduler hints; 0: none), got {n!r}"
         )
     return n
+
+
+def row_kernel(extra: Mapping[str, Any]) -> bool | None:
+    """The extra config's ``row_kernel``, the handler's choice of copy path
+    for scattered blocks on CUDA (docs/transfer.md): ``None`` (absent or
+    null) lets the handler choose, ``False`` keeps every copy on the copy
+    engines (the model's kernels keep every SM), ``True`` sends every job to
+    the row kernel. Raises :class:`~kvoffload.errors.ConfigError` for
+    anything else."""
+    choice = extra.get("row_kernel")
+    if not (choice is None or isinstance(choice, bool)):
+        raise ConfigError(
+            "row_kernel must be true (every CUDA copy by the row kernel), false (copy "
+            f"engines only) or null (the handler chooses, the default), got {choice!r}"
+        )
+    return choice

@@ -20,7 +20,7 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.spec import CPUOffloadingSpec
 from kvoffload.vllm import live
-from kvoffload.vllm.config import admin_port, offloading_config
+from kvoffload.vllm.config import admin_port, offloading_config, row_kernel
 from kvoffload.vllm.handler import ReportingHandler
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
             extra, vllm_config.cache_config.block_size, enable_events=self.vllm_events
         )
         self.admin_port = admin_port(extra)
+        self.row_kernel = row_kernel(extra)
         super().__init__(vllm_config)
         self.kvoffload_spec = CPUOffloadingSpec(self.offloading_config)
         self._manager: PolicyOffloadingManager | VLLMHostedManager | None = None
@@ -134,7 +135,7 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
                 "engine core in a process of its own (its default)"
             )
         backends = _attention_backends(self.vllm_config, list(kv_caches))
-        inner = self.kvoffload_spec.get_handler(kv_caches, backends)
+        inner = self.kvoffload_spec.get_handler(kv_caches, backends, row_kernel=self.row_kernel)
         self._handler = ReportingHandler(inner)
         live.add_handler(self._handler, self.vllm_config)
         yield GPULoadStoreSpec, CPULoadStoreSpec, self._handler

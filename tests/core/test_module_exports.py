@@ -128,13 +128,13 @@ EXPORTS = {
     "kvoffload.vllm": [
         "EXTRA_CONFIG_KEYS", "HintingScheduler", "KVOffloadSpec", "ReportingHandler",
         "add_transfer_listener", "admin_port", "live_admin_servers", "live_handlers",
-        "live_managers", "lookahead", "offloading_config",
+        "live_managers", "lookahead", "offloading_config", "row_kernel",
     ],
     "kvoffload.vllm.admin": ["VLLMHostedManager", "serve_admin"],
     "kvoffload.vllm.config": [
         "DEFAULT_LOOKAHEAD", "EXTRA_CONFIG_KEYS", "MAX_LOOKAHEAD", "MAX_PORT", "SPEC_MODULE_PATH",
         "SPEC_NAME",
-        "admin_port", "lookahead", "offloading_config",
+        "admin_port", "lookahead", "offloading_config", "row_kernel",
     ],
     "kvoffload.vllm.handler": ["ReportingHandler"],
     "kvoffload.vllm.live": [

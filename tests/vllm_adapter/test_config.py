@@ -11,7 +11,13 @@ import pytest
 
 import kvoffload.policies as policies
 from kvoffload import ConfigError, available_policies
-from kvoffload.vllm import EXTRA_CONFIG_KEYS, admin_port, lookahead, offloading_config
+from kvoffload.vllm import (
+    EXTRA_CONFIG_KEYS,
+    admin_port,
+    lookahead,
+    offloading_config,
+    row_kernel,
+)
 
 BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm"}
 
@@ -68,6 +74,14 @@ def test_offloading_config_defaults_follow_vllm() -> None:
             )
             # 10**30 passed and then failed every schedule() (islice's limit)
             for bad in (-1, 8.0, "64", False, None, sys.maxsize + 1, 10**30)
+        ],
+        *[
+            (
+                {"num_cpu_blocks": 8, "row_kernel": bad},
+                "row_kernel must be true (every CUDA copy by the row kernel), false (copy "
+                f"engines only) or null (the handler chooses, the default), got {bad!r}",
+            )
+            for bad in (1, 0, "false", "auto")
         ],
         *[
             (
@@ -135,6 +149,35 @@ def test_admin_port_problem_is_reported_with_the_others() -> None:
 def test_lookahead_defaults_to_64_and_0_hints_nothing(extra: dict[str, Any], n: int) -> None:
     offloading_config({**BASE, "num_cpu_blocks": 8, **extra}, 16)  # valid
     assert lookahead(extra) == n
+
+
+@pytest.mark.parametrize(
+    ("extra", "choice"),
+    [
+        ({}, None),
+        ({"row_kernel": None}, None),
+        ({"row_kernel": False}, False),
+        ({"row_kernel": True}, True),
+    ],
+)
+def test_row_kernel_defaults_to_the_handler_s_choice(
+    extra: dict[str, Any], choice: bool | None
+) -> None:
+    offloading_config({**BASE, "num_cpu_blocks": 8, **extra}, 16)  # valid
+    assert row_kernel(extra) is choice
+
+
+def test_row_kernel_reaches_the_handler() -> None:
+    # The spec hands it to CpuGpuOffloadingHandler: True on CPU caches is the
+    # handler's own refusal, naming what the kernel needs.
+    torch = pytest.importorskip("torch")
+    from kvoffload.spec import CPUOffloadingSpec
+
+    spec = CPUOffloadingSpec(offloading_config({**BASE, "num_cpu_blocks": 4}, 16))
+    kv = {"l0": torch.zeros(8, 16, 2, 4)}
+    with pytest.raises(ConfigError, match=r"row_kernel=True needs KV tensors on CUDA"):
+        spec.get_handler(kv, row_kernel=True)
+    assert spec.get_handler(kv, row_kernel=False).num_cpu_blocks == 4
 
 
 def test_policy_modules_are_imported_before_the_policy_is_looked_up(

@@ -149,6 +149,13 @@ def test_engine_bad_extra_config_fails_engine_start_naming_choices(model_dir: Pa
     assert f"(registered policies: {', '.join(available_policies())})" in message
 
 
+def test_engine_row_kernel_reaches_the_handler(model_dir: Path) -> None:
+    # true asks every copy of the CUDA row kernel: on vLLM's CPU platform the
+    # handler refuses it at the worker's start, naming what it needs
+    with failing_engine_start(), pytest.raises(ConfigError, match="row_kernel=True needs KV"):
+        make_llm(model_dir, kvoffload_extra(num_cpu_blocks=8, row_kernel=True))
+
+
 def test_engine_cpu_offloading_spec_name_gets_vllm_own_spec_which_refuses_cpu(
     model_dir: Path,
 ) -> None:
