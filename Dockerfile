@@ -50,17 +50,17 @@ RUN mkdir -p kvoffload app \
     && pip uninstall -y kvoffload \
     && rm -rf /src/*
 
-# The source (see .dockerignore for what stays out). The C block table
-# (kvoffload/_table.c) needs a compiler at build time only; the build fails if
-# the extension did not build (pip would fall back to the slower pure-Python
-# table). The check imports the installed package: `-P` keeps /src, whose
+# The source (see .dockerignore for what stays out). The C extensions (the
+# block table, kvoffload/_table.c, and the row copier,
+# kvoffload/transfer/_rows.c) need a compiler at build time only; the build
+# fails if either did not build (pip would fall back to slower pure Python). The check imports the installed package: `-P` keeps /src, whose
 # kvoffload/ has no built extension, off the import path.
 COPY . .
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-deps . \
-    && python -P -c "import kvoffload._table" \
+    && python -P -c "import kvoffload._table, kvoffload.transfer._rows" \
     && apt-get purge -y --auto-remove gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* /src/*
 

@@ -13,8 +13,10 @@ more than one core. So a job runs as whichever of these is cheapest under a
 cost model of calls x per-call cost (in bytes one could have copied
 meanwhile) + bytes moved / parallel speed-up:
 
-- ``bytes``: one ``memoryview`` slice copy per run where both sides are
-  consecutive (a random job is one cheap call per row, never a second pass);
+- ``bytes``: every run where both sides are consecutive copied with
+  ``memcpy`` by one call of the C row copier (``kvoffload.transfer._rows``,
+  a few nanoseconds a run); where that extension was not built (or
+  ``KVOFFLOAD_PURE_PYTHON`` is set), one ``memoryview`` slice copy per run;
 - ``pair``: one torch ``copy_`` per such run (for long runs with threads);
 - ``gather``: one ``index_select(out=)`` per run of consecutive destination rows;
 - ``scatter``: one numpy fancy assignment per run of consecutive source rows.
@@ -22,6 +24,8 @@ meanwhile) + bytes moved / parallel speed-up:
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,13 +35,34 @@ import torch
 
 from kvoffload.transfer.block_map import CopyPlan
 
-__all__ = ["HostCopier", "RowPair", "Strategy"]
+__all__ = ["HostCopier", "RowPair", "Strategy", "c_copy_rows"]
+
+RowCopier = Callable[
+    [memoryview, memoryview, npt.NDArray[np.int64], npt.NDArray[np.int64], int], int
+]
+
+
+def _c_copy_rows() -> RowCopier | None:
+    if os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from kvoffload.transfer._rows import copy_rows
+    except ImportError:
+        return None
+    return copy_rows
+
+
+#: The C row copier (``copy_rows(src, dst, src_rows, dst_rows, row_bytes)``),
+#: or ``None`` where it was not built or ``KVOFFLOAD_PURE_PYTHON`` is set.
+c_copy_rows: RowCopier | None = _c_copy_rows()
 
 Strategy = Literal["bytes", "pair", "gather", "scatter"]
 
 #: Per-call overheads, in bytes of copying they cost (~0.09/1.5/3.5 us at
-#: ~45 GB/s, measured on a 2-core x86 VM with torch 2.13 and numpy 2.4).
+#: ~45 GB/s, measured on a 2-core x86 VM with torch 2.13 and numpy 2.4); a run
+#: of the C row copier costs a ``memcpy`` call and a few compares.
 BYTES_CALL_BYTES = 4 * 1024
+C_RUN_BYTES = 256
 NUMPY_FANCY_CALL_BYTES = 64 * 1024
 TORCH_CALL_BYTES = 144 * 1024
 #: Torch splits a copy over its threads only above its grain size (32768
@@ -108,25 +133,42 @@ def _torch_cost(calls: int, nbytes: int, threads: int) -> float:
 
 
 class HostCopier:
-    """Copies planned rows from ``pair.src`` to ``pair.dst``, both on CPU."""
+    """Copies planned rows from ``pair.src`` to ``pair.dst``, both on CPU.
 
-    def __init__(self) -> None:
+    ``row_copier`` is what the ``bytes`` strategy calls: by default the C
+    row copier where it was built (:data:`c_copy_rows`); ``None`` for the
+    pure-Python loop (tests run both)."""
+
+    def __init__(self, row_copier: RowCopier | None = c_copy_rows) -> None:
         #: How many copies ran with each strategy (for tests and benchmarks).
         self.counts: dict[Strategy, int] = {"bytes": 0, "pair": 0, "gather": 0, "scatter": 0}
+        self.row_copier = row_copier
+        self._run_bytes = BYTES_CALL_BYTES if row_copier is None else C_RUN_BYTES
 
-    @staticmethod
-    def choose(pair: RowPair, plan: CopyPlan, threads: int | None = None) -> Strategy:
+    def choose(self, pair: RowPair, plan: CopyPlan, threads: int | None = None) -> Strategy:
         """The cheapest strategy for ``plan`` on ``pair`` with ``threads``
         torch threads (default: ``torch.get_num_threads()``)."""
         if threads is None:
             threads = torch.get_num_threads()
         nbytes = plan.num_rows * pair.row_bytes
+        direct = pair.src_bytes is not None and pair.dst_bytes is not None
+        if (
+            direct
+            and self.row_copier is not None
+            and (threads == 1 or nbytes < PARALLEL_MIN_BYTES)
+            and plan.num_rows * C_RUN_BYTES <= NUMPY_FANCY_CALL_BYTES
+        ):
+            # Without a parallel speed-up every other strategy costs at least
+            # one numpy or torch call more than the bytes: the C copier at
+            # one run per row is no dearer, so counting the runs would only
+            # cost time (a few us, a tenth of a 1 MiB job).
+            return "bytes"
         best: Strategy = "pair"
         cost = _torch_cost(plan.num_runs, nbytes, threads)
-        if pair.src_bytes is not None and pair.dst_bytes is not None:
-            direct = plan.num_runs * BYTES_CALL_BYTES + nbytes
-            if direct <= cost:
-                best, cost = "bytes", direct
+        if direct:
+            by_bytes = plan.num_runs * self._run_bytes + nbytes
+            if by_bytes <= cost:
+                best, cost = "bytes", by_bytes
         # The one-sided strategies need run counts that cost a few numpy
         # calls; skip them when even one call would cost more than ``cost``.
         if pair.dst_contiguous and cost > TORCH_CALL_BYTES + nbytes / max(1, threads):
@@ -161,8 +203,11 @@ class HostCopier:
             src_b, dst_b = pair.src_bytes, pair.dst_bytes
             if src_b is None or dst_b is None:
                 raise ValueError("the bytes strategy needs two contiguous CPU tensors")
-            for s0, s1, d0 in zip(*plan.byte_runs(pair.row_bytes), strict=True):
-                dst_b[d0 : d0 + s1 - s0] = src_b[s0:s1]
+            if self.row_copier is not None:
+                self.row_copier(src_b, dst_b, plan.src, plan.dst, pair.row_bytes)
+            else:
+                for s0, s1, d0 in zip(*plan.byte_runs(pair.row_bytes), strict=True):
+                    dst_b[d0 : d0 + s1 - s0] = src_b[s0:s1]
         elif chosen == "pair":
             for s, d, k in plan.runs.tolist():
                 dst.narrow(0, d, k).copy_(src.narrow(0, s, k))

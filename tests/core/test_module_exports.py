@@ -115,7 +115,7 @@ EXPORTS = {
         "CpuGpuOffloadingHandler", "default_max_cpu_bytes", "device_copy", "pinned_footprint",
     ],
     "kvoffload.transfer.faults": ["FaultInjectingHandler"],
-    "kvoffload.transfer.host_copy": ["HostCopier", "RowPair", "Strategy"],
+    "kvoffload.transfer.host_copy": ["HostCopier", "RowPair", "Strategy", "c_copy_rows"],
     "kvoffload.transfer.layout": [
         "LAYOUTS", "AttentionBackendLike", "Layout", "block_dim", "layout_from_backend",
         "resolve_layouts",
