@@ -14,7 +14,9 @@ handler's default), ``engines`` (copy engines only, ``row_kernel=False``) or
 ``kernel`` (the row kernel for every job, ``row_kernel=True``).
 
 Run: ``.venv/bin/python bench/transfer.py [--quick] [--threads N] [--device cpu|cuda]
-[--path auto|engines|kernel] [--block-kib 16,64] [--blocks 64,256]``.
+[--path auto|engines|kernel] [--block-kib 16,64] [--blocks 64,256]``, or
+``--plan`` to time only the planning of a job, hot and right after a copy (where
+it runs in a handler), with the C planner against the numpy one.
 Timings are best-of-batches; nothing here is asserted.
 """
 
@@ -31,6 +33,8 @@ import numpy as np
 import torch
 
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer import block_map
+from kvoffload.transfer.block_map import plan_transfer
 from kvoffload.transfer.cpu_gpu import CpuGpuOffloadingHandler
 from kvoffload.transfer.worker import TransferSpec
 
@@ -162,6 +166,49 @@ def bench_block_size(
             )
 
 
+def bench_plan(layers: int, rng: np.random.Generator) -> None:
+    """Planning one job (``plan_transfer``, 64 random 16 KiB blocks) in a hot
+    loop and right after a plain copy of the job's bytes has flushed the
+    caches, with the C planner and with the numpy one it falls back to."""
+    n, block_bytes = 64, 16 * KIB
+    spec: TransferSpec = (
+        GPULoadStoreSpec(rng.choice(4 * n, n, replace=False)),
+        CPULoadStoreSpec(rng.choice(4 * n, n, replace=False)),
+    )
+    src = torch.ones(layers * n * block_bytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+
+    def median_us(after_copy: bool, reps: int = 2000) -> float:
+        times = []
+        for _ in range(reps):
+            if after_copy:
+                dst.copy_(src)
+            t0 = time.perf_counter_ns()
+            plan_transfer(spec, 1, num_gpu_blocks=4 * n, num_cpu_blocks=4 * n)
+            times.append(time.perf_counter_ns() - t0)
+        return statistics.median(times) / 1e3
+
+    saved = block_map._rows
+    us: dict[str, tuple[float, float]] = {}
+    try:
+        for name, rows in (("c", saved), ("numpy", None)):
+            if name == "c" and rows is None:
+                print("plan: no C planner (not built, or KVOFFLOAD_PURE_PYTHON is set)")
+                continue
+            block_map._rows = rows
+            us[name] = (median_us(False), median_us(True))
+    finally:
+        block_map._rows = saved
+    mib = layers * n * block_bytes / MIB
+    for name, (hot, cold) in us.items():
+        print(
+            f"plan {name:>5}: {hot:6.1f} us hot, {cold:6.1f} us after a {mib:g} MiB copy "
+            f"(cold/hot {cold / hot:.2f})"
+        )
+    if len(us) == 2:
+        print(f"plan numpy/c after a copy: {us['numpy'][1] / us['c'][1]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter timing")
@@ -195,6 +242,11 @@ def main() -> None:
         help="cpu = this thread's CPU time: steadier on a shared machine; "
         "only meaningful on --device cpu with --threads 1",
     )
+    ap.add_argument(
+        "--plan",
+        action="store_true",
+        help="only time planning a 64-block job, hot and after a copy, C against numpy",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
@@ -203,6 +255,9 @@ def main() -> None:
         ap.error("--path engines|kernel chooses between CUDA copy paths: it needs --device cuda")
     if args.clock == "cpu" and (args.device != "cpu" or torch.get_num_threads() != 1):
         ap.error("--clock cpu needs --device cpu and --threads 1")
+    if args.plan:
+        bench_plan(args.layers, np.random.default_rng(args.seed))
+        return
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     sync: Callable[[], None] = (
         torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)

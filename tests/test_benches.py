@@ -63,6 +63,12 @@ def test_bench_transfer_reports_ratios() -> None:
     assert "ratio to contiguous copy" in out
 
 
+def test_bench_transfer_times_the_planners() -> None:
+    out = run_bench("bench/transfer.py", "--plan")
+    assert "plan numpy:" in out and "after a 2 MiB copy" in out
+    assert ("plan     c:" in out) == ("plan numpy/c after a copy:" in out)
+
+
 def test_bench_overhead_reports_the_paired_ratio() -> None:
     out = run_bench("bench/overhead.py", "--requests", "100", "--repeats", "2")
     assert "overhead ratio (on/off throughput" in out

@@ -1,5 +1,6 @@
 /*
- * kvoffload.transfer._rows: scattered row copies between two CPU buffers.
+ * kvoffload.transfer._rows: scattered row copies between two CPU buffers,
+ * and the row plan of a transfer job.
  *
  * kvoffload.transfer.host_copy's "bytes" strategy copies row src_rows[i] of
  * one flat byte buffer to row dst_rows[i] of another. In Python that is one
@@ -9,9 +10,16 @@
  * call: every index is checked first (an out-of-range one raises IndexError
  * and nothing is copied), then the runs are found and copied, with the GIL
  * released for copies of RELEASE_GIL_BYTES or more (taking it back can wait
- * on another thread, which a copy of a few microseconds should not). host_copy falls back to its Python loop when this module was not
- * built (setup.py marks it optional); tests/transfer/test_host_copy.py runs
- * both on the same plans.
+ * on another thread, which a copy of a few microseconds should not).
+ *
+ * plan_rows is kvoffload.transfer.block_map.plan_copy's fast path: it checks
+ * a job's ids and expands them into rows in one call where numpy takes a
+ * dozen, each slow right after a copy has flushed the caches (docs/transfer.md).
+ * It only says yes or no; every refusal is worded by the numpy path.
+ *
+ * Without this module (setup.py marks it optional) host_copy falls back to
+ * its Python loop and plan_copy to numpy; tests/transfer/test_host_copy.py
+ * and test_block_map.py run both and compare them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -158,15 +166,150 @@ done:
     return result;
 }
 
+/* One side of a plan: ids (n of them) in [0, limit) (any id >= 0 whose rows
+ * fit in int64 when limit < 0), expanded to rows id*factor .. id*factor +
+ * factor - 1, the first `first` and last `last` rows dropped, into out
+ * (exactly n*factor - first - last of them: checked by the caller). 0 when
+ * an id is out of range. */
+static int
+expand_side(const int64_t *ids, Py_ssize_t n, int64_t factor, int64_t first, int64_t limit,
+            int64_t *out, Py_ssize_t n_out)
+{
+    if (limit < 0)
+        limit = INT64_MAX / factor;
+    if (first_out_of_range(ids, n, limit) >= 0)
+        return 0;
+    if (factor == 1) {
+        memcpy(out, ids + first, (size_t)n_out * sizeof(int64_t));
+        return 1;
+    }
+    for (Py_ssize_t j = 0; j < n_out; j++) {
+        int64_t row = j + first;
+        out[j] = ids[row / factor] * factor + row % factor;
+    }
+    return 1;
+}
+
+static int
+compare_int64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* 1 if ids (n of them) repeat one, 0 if not, -1 (MemoryError) on failure. */
+static int
+has_repeats(const int64_t *ids, Py_ssize_t n)
+{
+    Py_ssize_t i = 1;
+    while (i < n && ids[i - 1] < ids[i])
+        i++;
+    if (i >= n) /* strictly increasing: the common case of consecutive ids */
+        return 0;
+    int64_t *sorted = PyMem_Malloc((size_t)n * sizeof(int64_t));
+    if (sorted == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(sorted, ids, (size_t)n * sizeof(int64_t));
+    qsort(sorted, (size_t)n, sizeof(int64_t), compare_int64);
+    int found = 0;
+    for (i = 1; i < n && !found; i++)
+        found = sorted[i - 1] == sorted[i];
+    PyMem_Free(sorted);
+    return found;
+}
+
+PyDoc_STRVAR(plan_rows_doc,
+"plan_rows(src_ids, src_factor, src_first, src_last, src_limit,\n"
+"          dst_ids, dst_factor, dst_first, dst_last, dst_limit, src_out, dst_out, /) -> bool\n"
+"--\n"
+"\n"
+"Expand both sides of a copy plan into their rows, if the ids allow it.\n"
+"\n"
+"Each side's ids (a contiguous int64 buffer) expand block b to rows\n"
+"b*factor .. b*factor+factor-1, less the first `first` and last `last` rows\n"
+"of the side, into its out buffer (writable int64, exactly that long).\n"
+"Returns False, with the outs undefined, when an id lies outside\n"
+"[0, limit) (limit < 0: no bound) or a destination id repeats; the caller\n"
+"then says which (kvoffload.transfer.block_map.plan_copy). Raises ValueError\n"
+"for a factor < 1, skips outside [0, factor) or outs of the wrong length.");
+
+static PyObject *
+plan_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "plan_rows() takes 12 positional arguments, got %zd",
+                     nargs);
+        return NULL;
+    }
+    long long num[2][4]; /* per side: factor, first, last, limit */
+    for (int side = 0; side < 2; side++) {
+        for (int k = 0; k < 4; k++) {
+            num[side][k] = PyLong_AsLongLong(args[side * 5 + 1 + k]);
+            if (num[side][k] == -1 && PyErr_Occurred())
+                return NULL;
+        }
+        long long factor = num[side][0], first = num[side][1], last = num[side][2];
+        if (factor < 1 || first < 0 || first >= factor || last < 0 || last >= factor) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s factor %lld must be >= 1 and its skips (%lld, %lld) in [0, factor)",
+                         side ? "dst" : "src", factor, first, last);
+            return NULL;
+        }
+    }
+    Py_buffer view[4] = {{0}};
+    static const char *names[4] = {"src_ids", "dst_ids", "src_out", "dst_out"};
+    PyObject *objs[4] = {args[0], args[5], args[10], args[11]};
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 4; got++) {
+        if (get_index(objs[got], &view[got], names[got]) < 0)
+            goto done;
+        if (got >= 2 && view[got].readonly) {
+            PyErr_Format(PyExc_ValueError, "%s must be writable", names[got]);
+            got++;
+            goto done;
+        }
+    }
+    int ok = 1;
+    for (int side = 0; side < 2 && ok; side++) {
+        Py_ssize_t n = view[side].len / 8;
+        long long factor = num[side][0], first = num[side][1], last = num[side][2];
+        Py_ssize_t n_out = view[side + 2].len / 8;
+        if (n > PY_SSIZE_T_MAX / 8 / factor || (n ? n * factor - first - last : 0) != n_out ||
+            (n == 1 && first + last >= factor) || (n == 0 && first + last)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s has %zd ids x%lld skipping %lld+%lld rows: %zd outs do not fit",
+                         names[side], n, factor, first, last, n_out);
+            goto done;
+        }
+        ok = expand_side((const int64_t *)view[side].buf, n, factor, first, num[side][3],
+                         (int64_t *)view[side + 2].buf, n_out);
+    }
+    if (ok) {
+        int repeats = has_repeats((const int64_t *)view[1].buf, view[1].len / 8);
+        if (repeats < 0)
+            goto done;
+        ok = !repeats;
+    }
+    result = PyBool_FromLong(ok);
+done:
+    while (got-- > 0)
+        PyBuffer_Release(&view[got]);
+    return result;
+}
+
 static PyMethodDef rows_methods[] = {
     {"copy_rows", (PyCFunction)(void (*)(void))copy_rows, METH_FASTCALL, copy_rows_doc},
+    {"plan_rows", (PyCFunction)(void (*)(void))plan_rows, METH_FASTCALL, plan_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef rows_module = {
     PyModuleDef_HEAD_INIT,
     "kvoffload.transfer._rows",
-    "Scattered row copies between two CPU buffers (see kvoffload.transfer.host_copy).",
+    "Row copies between CPU buffers and transfer row plans (see kvoffload.transfer).",
     0,
     rows_methods,
     NULL,

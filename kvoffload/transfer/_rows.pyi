@@ -1,4 +1,5 @@
-"""The CPU row copier in C: kvoffload.transfer.host_copy.c_copy_rows when it was built."""
+"""The transfer path's C helpers (kvoffload/transfer/_rows.c): the CPU row copier
+and block_map.plan_copy's fast path, where it was built."""
 
 import numpy as np
 import numpy.typing as npt
@@ -15,3 +16,24 @@ def copy_rows(
     for every ``i`` (any contiguous buffers; the index buffers int64); returns
     the number of runs (rows consecutive on both sides) copied. ``IndexError``
     before any byte moves if an index is out of range."""
+
+def plan_rows(
+    src_ids: npt.NDArray[np.int64],
+    src_factor: int,
+    src_first: int,
+    src_last: int,
+    src_limit: int,
+    dst_ids: npt.NDArray[np.int64],
+    dst_factor: int,
+    dst_first: int,
+    dst_last: int,
+    dst_limit: int,
+    src_out: npt.NDArray[np.int64],
+    dst_out: npt.NDArray[np.int64],
+    /,
+) -> bool:
+    """Expand both sides' block ids into rows (block ``b`` to ``b*factor ..
+    b*factor+factor-1``, less the first ``first`` and last ``last`` rows of
+    the side) into the outs; ``False`` (outs undefined) when an id lies
+    outside ``[0, limit)`` (``limit < 0``: no bound) or a destination id
+    repeats. ``ValueError`` for bad factors, skips or out lengths."""

@@ -6,7 +6,8 @@ block dimension. A GPU block is one row of the GPU cache (factor 1).
 
 This module is plain numpy so that the CUDA handler, the CPU-tensor path and
 the in-memory fake share one implementation that is unit-testable without
-torch.
+torch; where ``kvoffload.transfer._rows`` was built, :func:`plan_copy` plans
+a valid job in one C call and leaves every refusal to the numpy path.
 
 Partial CPU blocks
 ------------------
@@ -39,6 +40,7 @@ from kvoffload._checks import check_int, is_int
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import TransferError
 from kvoffload.mediums import CPULoadStoreSpec
+from kvoffload.transfer._native import rows as _rows
 
 logger = logging.getLogger(__name__)
 
@@ -341,31 +343,18 @@ def plan_copy(
     """
     if src_factor < 1 or dst_factor < 1:
         raise TransferError(f"block-size factors must be >= 1, got {src_factor}, {dst_factor}")
-    src_ids = _check_ids("source", np.asarray(src_block_ids), src_num_blocks)
-    dst_ids = _check_ids("destination", np.asarray(dst_block_ids), dst_num_blocks)
-
-    s_first, s_last = src_skip if src_skip is not None else (0, 0)
-    d_first, d_last = dst_skip if dst_skip is not None else (0, 0)
-    # Explicit skips first: their errors say more than a count mismatch would.
-    _check_skips("source", src_ids.size, src_factor, s_first, s_last)
-    _check_skips("destination", dst_ids.size, dst_factor, d_first, d_last)
-    n_src = src_ids.size * src_factor - s_first - s_last
-    n_dst = dst_ids.size * dst_factor - d_first - d_last
-    surplus = n_src - n_dst
-    if surplus > 0 and src_skip is None and surplus < src_factor:
-        s_first = surplus
-    elif surplus < 0 and dst_skip is None and -surplus < dst_factor:
-        d_first = -surplus
-    elif surplus != 0:
-        raise TransferError(
-            f"cannot pair {src_ids.size} source blocks x{src_factor} "
-            f"(skip {s_first}+{s_last}) with {dst_ids.size} destination blocks "
-            f"x{dst_factor} (skip {d_first}+{d_last}): {n_src} != {n_dst} sub-blocks"
-        )
-    # The implicit skip is < factor by construction and leaves at least one
-    # row of the first block; the assert guards that reasoning.
-    assert 0 <= s_first < src_factor and 0 <= d_first < dst_factor
-
+    src_ids, dst_ids = np.asarray(src_block_ids), np.asarray(dst_block_ids)
+    plan = _plan_in_c(
+        src_ids, src_factor, dst_ids, dst_factor, src_skip, dst_skip,
+        src_num_blocks, dst_num_blocks,
+    )  # fmt: skip
+    if plan is not None:
+        return plan
+    src_ids = _check_ids("source", src_ids, src_num_blocks)
+    dst_ids = _check_ids("destination", dst_ids, dst_num_blocks)
+    s_first, s_last, d_first, d_last = _resolve_skips(
+        src_ids.size, src_factor, src_skip, dst_ids.size, dst_factor, dst_skip
+    )
     # Writing one destination row twice would leave it holding whichever copy
     # happened to land last; it is always a caller bug, so refuse it.
     if dst_ids.size > 1:
@@ -376,6 +365,87 @@ def plan_copy(
     src = expand_block_ids(src_ids, src_factor, s_first, s_last)
     dst = expand_block_ids(dst_ids, dst_factor, d_first, d_last)
     return CopyPlan(src, dst)
+
+
+def _resolve_skips(
+    n_src_blocks: int,
+    src_factor: int,
+    src_skip: tuple[int, int] | None,
+    n_dst_blocks: int,
+    dst_factor: int,
+    dst_skip: tuple[int, int] | None,
+) -> tuple[int, int, int, int]:
+    """``(src_first, src_last, dst_first, dst_last)`` for :func:`plan_copy`,
+    implicit skips filled in; :class:`~kvoffload.errors.TransferError` if
+    they do not fit or the counts cannot be matched."""
+    s_first, s_last = src_skip if src_skip is not None else (0, 0)
+    d_first, d_last = dst_skip if dst_skip is not None else (0, 0)
+    # Explicit skips first: their errors say more than a count mismatch would.
+    _check_skips("source", n_src_blocks, src_factor, s_first, s_last)
+    _check_skips("destination", n_dst_blocks, dst_factor, d_first, d_last)
+    n_src = n_src_blocks * src_factor - s_first - s_last
+    n_dst = n_dst_blocks * dst_factor - d_first - d_last
+    surplus = n_src - n_dst
+    if surplus > 0 and src_skip is None and surplus < src_factor:
+        s_first = surplus
+    elif surplus < 0 and dst_skip is None and -surplus < dst_factor:
+        d_first = -surplus
+    elif surplus != 0:
+        raise TransferError(
+            f"cannot pair {n_src_blocks} source blocks x{src_factor} "
+            f"(skip {s_first}+{s_last}) with {n_dst_blocks} destination blocks "
+            f"x{dst_factor} (skip {d_first}+{d_last}): {n_src} != {n_dst} sub-blocks"
+        )
+    # The implicit skip is < factor by construction and leaves at least one
+    # row of the first block; the assert guards that reasoning.
+    assert 0 <= s_first < src_factor and 0 <= d_first < dst_factor
+    return s_first, s_last, d_first, d_last
+
+
+def _plan_in_c(
+    src_ids: npt.NDArray[Any],
+    src_factor: int,
+    dst_ids: npt.NDArray[Any],
+    dst_factor: int,
+    src_skip: tuple[int, int] | None,
+    dst_skip: tuple[int, int] | None,
+    src_num_blocks: int | None,
+    dst_num_blocks: int | None,
+) -> CopyPlan | None:
+    """:func:`plan_copy`'s plan in one C call (``_rows.plan_rows``), or
+    ``None`` where the extension is absent, or for anything but int64
+    vectors, in-range unique ids and fitting skips: the numpy path then
+    finds the same plan or says what is wrong.
+    Measured on a 64-block job right after its 2 MiB copy (caches cold):
+    about 5 us against the numpy path's 22."""
+    if _rows is None or not (
+        src_ids.dtype == np.int64
+        and dst_ids.dtype == np.int64
+        and src_ids.ndim == 1
+        and dst_ids.ndim == 1
+        and (src_num_blocks is None or src_num_blocks >= 0)
+        and (dst_num_blocks is None or dst_num_blocks >= 0)
+    ):
+        return None
+    try:
+        s_first, s_last, d_first, d_last = _resolve_skips(
+            src_ids.size, src_factor, src_skip, dst_ids.size, dst_factor, dst_skip
+        )
+    except TransferError:
+        return None
+    n = src_ids.size * src_factor - s_first - s_last
+    src, dst = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    try:
+        ok = _rows.plan_rows(
+            np.ascontiguousarray(src_ids), src_factor, s_first, s_last,
+            -1 if src_num_blocks is None else src_num_blocks,
+            np.ascontiguousarray(dst_ids), dst_factor, d_first, d_last,
+            -1 if dst_num_blocks is None else dst_num_blocks,
+            src, dst,
+        )  # fmt: skip
+    except (OverflowError, ValueError):  # a factor or bound beyond int64
+        return None
+    return CopyPlan(src, dst) if ok else None
 
 
 @dataclass(frozen=True, slots=True)

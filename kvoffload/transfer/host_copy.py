@@ -24,7 +24,6 @@ meanwhile) + bytes moved / parallel speed-up:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from kvoffload.transfer import _native
 from kvoffload.transfer.block_map import CopyPlan
 
 __all__ = ["HostCopier", "RowPair", "Strategy", "c_copy_rows"]
@@ -42,19 +42,9 @@ RowCopier = Callable[
 ]
 
 
-def _c_copy_rows() -> RowCopier | None:
-    if os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from kvoffload.transfer._rows import copy_rows
-    except ImportError:
-        return None
-    return copy_rows
-
-
 #: The C row copier (``copy_rows(src, dst, src_rows, dst_rows, row_bytes)``),
 #: or ``None`` where it was not built or ``KVOFFLOAD_PURE_PYTHON`` is set.
-c_copy_rows: RowCopier | None = _c_copy_rows()
+c_copy_rows: RowCopier | None = None if _native.rows is None else _native.rows.copy_rows
 
 Strategy = Literal["bytes", "pair", "gather", "scatter"]
 

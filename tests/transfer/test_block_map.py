@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from odd_specs import UnreadableIds, skipless
 from kvoffload.abstract import LoadStoreSpec
 from kvoffload.errors import ConfigError, TransferError
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer import _native, block_map
 from kvoffload.transfer.block_map import (
     PartialCPULoadStoreSpec,
     admit_job,
@@ -22,6 +25,26 @@ from kvoffload.transfer.block_map import (
     plan_copy,
     plan_transfer,
 )
+
+PURE = os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0")
+if _native.rows is None and not PURE:  # pragma: no cover - a failure, unless PURE
+    raise ImportError(
+        "kvoffload.transfer._rows was not built (run scripts/install); "
+        "set KVOFFLOAD_PURE_PYTHON=1 to run without it"
+    )
+needs_c = pytest.mark.skipif(PURE, reason="KVOFFLOAD_PURE_PYTHON is set: no C planner")
+
+
+@pytest.fixture(scope="module", autouse=True, params=["c", "numpy"])
+def planner(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this module runs with the C planner (where built) and
+    with the numpy one it falls back to."""
+    if request.param == "c" and _native.rows is None:
+        pytest.skip("KVOFFLOAD_PURE_PYTHON is set: no C planner")
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "numpy":
+            mp.setattr(block_map, "_rows", None)
+        yield request.param
 
 
 def ref_rows(
@@ -415,3 +438,103 @@ def test_admit_job_refuses_a_spec_that_cannot_be_read(
         with caplog.at_level(logging.WARNING, logger="kvoffload.transfer.block_map"):
             assert admit_job(3, spec, 1, ()) is None
         assert "transfer 3 refused" in caplog.text and message in caplog.text
+
+
+# -- the C planner against the numpy one ------------------------------------------
+
+
+def _outcome(*args: object, **kwargs: object) -> tuple[list[int], list[int]] | str:
+    try:
+        plan = plan_copy(*args, **kwargs)  # type: ignore[arg-type]
+    except TransferError as exc:
+        return str(exc)
+    assert plan.src.dtype == plan.dst.dtype == np.int64
+    return plan.src.tolist(), plan.dst.tolist()
+
+
+@st.composite
+def plan_inputs(draw: st.DrawFn) -> tuple[tuple[object, ...], dict[str, object]]:
+    """plan_copy arguments near the edge of valid: counts that pair (or miss
+    by one), ids up to one past their bound or below zero, repeats, skips
+    implicit or explicit (possibly too large)."""
+    rows = draw(st.integers(0, 8))
+    args: list[object] = []
+    kwargs: dict[str, object] = {}
+    for side in ("src", "dst"):
+        factor = draw(st.integers(1, 3))
+        n = -(-rows // factor) + draw(st.sampled_from([0, 0, 0, 0, 1, -1]))
+        limit = draw(st.none() | st.integers(0, 12))
+        top = 12 if limit is None else limit
+        unique = draw(st.booleans()) and n <= top + 2
+        ids = draw(
+            st.lists(st.integers(-1, top), min_size=max(0, n), max_size=max(0, n), unique=unique)
+        )
+        skip = draw(st.none() | st.tuples(st.integers(0, factor), st.integers(0, factor)))
+        args += [arr(ids), factor]
+        kwargs[f"{side}_skip"], kwargs[f"{side}_num_blocks"] = skip, limit
+    return tuple(args), kwargs
+
+
+@needs_c
+@settings(max_examples=300)
+@given(plan_inputs())
+def test_the_c_planner_plans_or_refuses_exactly_as_numpy_does(
+    planner: str, inputs: tuple[tuple[object, ...], dict[str, object]]
+) -> None:
+    """Any ids (out of range, negative, repeated), skips and bounds: the same
+    rows or the same error from both planners."""
+    args, kwargs = inputs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(block_map, "_rows", _native.rows)
+        by_c = _outcome(*args, **kwargs)
+        mp.setattr(block_map, "_rows", None)
+        by_numpy = _outcome(*args, **kwargs)
+    assert by_c == by_numpy
+
+
+@needs_c
+def test_the_c_planner_answers_valid_jobs_itself(planner: str) -> None:
+    """A valid job never reaches the numpy checks (they are what it saves)."""
+    assert _native.rows is not None
+    src, dst = np.empty(5, dtype=np.int64), np.empty(5, dtype=np.int64)
+    ok = _native.rows.plan_rows(
+        arr([7, 2]), 3, 1, 0, 8, arr([4, 0, 9, 1, 3]), 1, 0, 0, -1, src, dst
+    )
+    assert ok is True
+    assert src.tolist() == [22, 23, 6, 7, 8] and dst.tolist() == [4, 0, 9, 1, 3]
+    for bad_dst, limit in (([4, 0, 4, 1, 3], -1), ([4, 0, 9, 1, 3], 9), ([4, 0, -9, 1, 3], -1)):
+        assert not _native.rows.plan_rows(
+            arr([7, 2]), 3, 1, 0, 8, arr(bad_dst), 1, 0, 0, limit, src, dst
+        )
+    if planner == "c":
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(block_map, "_check_ids", None)  # calling it would raise
+            assert plan_copy(arr([7, 2]), 3, arr([4, 0, 9, 1, 3]), 1).num_rows == 5
+
+
+@needs_c
+def test_plan_rows_refuses_malformed_arguments(planner: str) -> None:
+    assert _native.rows is not None
+    plan_rows = _native.rows.plan_rows
+    out = np.empty(2, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"src factor 0 must be >= 1"):
+        plan_rows(arr([1]), 0, 0, 0, -1, arr([1, 2]), 1, 0, 0, -1, out, out.copy())
+    with pytest.raises(ValueError, match=r"dst factor 2 .* skips \(2, 0\)"):
+        plan_rows(arr([1, 2]), 1, 0, 0, -1, arr([1]), 2, 2, 0, -1, out, out.copy())
+    with pytest.raises(ValueError, match="src_ids has 3 ids x1 skipping 0\\+0 rows: 2 outs"):
+        plan_rows(arr([1, 2, 3]), 1, 0, 0, -1, arr([1, 2]), 1, 0, 0, -1, out, out.copy())
+    frozen = out.copy()
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="dst_out must be writable"):
+        plan_rows(arr([1, 2]), 1, 0, 0, -1, arr([1, 2]), 1, 0, 0, -1, out, frozen)
+    with pytest.raises(TypeError, match="src_ids must be a contiguous buffer of int64"):
+        plan_rows(np.arange(2, dtype=np.int32), 1, 0, 0, -1, arr([1, 2]), 1, 0, 0, -1, out, out)
+    with pytest.raises(TypeError, match="takes 12 positional arguments"):
+        plan_rows(arr([1]))
+
+
+def test_plan_copy_takes_bounds_and_factors_beyond_int64() -> None:
+    """What the C planner cannot hold it hands to numpy (no OverflowError)."""
+    assert plan_copy(arr([0, 1]), 1, arr([0, 1]), 1, src_num_blocks=2**70).num_rows == 2
+    with pytest.raises(TransferError, match="cannot pair 2 source blocks x1180591620717411303424"):
+        plan_copy(arr([0, 1]), 2**70, arr([0, 1]), 1)
