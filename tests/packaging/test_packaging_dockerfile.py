@@ -168,7 +168,7 @@ def test_the_extension_check_imports_the_installed_package(
     build = next(
         i.args for i in instructions if i.keyword == "RUN" and "kvoffload._table" in i.args
     )
-    check = re.search(r'(python[^&]*"import kvoffload._table")', build)
+    check = re.search(r'(python[^&]*"import kvoffload._table, kvoffload.transfer._rows")', build)
     assert check is not None, build
     argv = shlex.split(check.group(1))
     src, site = tmp_path / "src", tmp_path / "site-packages"
@@ -176,7 +176,10 @@ def test_the_extension_check_imports_the_installed_package(
     (src / "kvoffload" / "__init__.py").write_text("")  # the source, unbuilt
     (site / "kvoffload").mkdir(parents=True)
     (site / "kvoffload" / "__init__.py").write_text("")
-    (site / "kvoffload" / "_table.py").write_text("")  # the built extension, installed
+    (site / "kvoffload" / "_table.py").write_text("")  # the built extensions, installed
+    (site / "kvoffload" / "transfer").mkdir()
+    (site / "kvoffload" / "transfer" / "__init__.py").write_text("")
+    (site / "kvoffload" / "transfer" / "_rows.py").write_text("")
     env = {**os.environ, "PYTHONPATH": str(site)}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -191,6 +194,8 @@ def test_the_extension_check_imports_the_installed_package(
 
     assert run(*argv[1:]).returncode == 0, run(*argv[1:]).stderr
     assert run("-c", "import kvoffload._table").returncode != 0  # the check as it was
+    (site / "kvoffload" / "transfer" / "_rows.py").unlink()  # the row copier not built
+    assert run(*argv[1:]).returncode != 0
 
 
 def test_every_copy_source_exists_in_the_build_context(
