@@ -88,6 +88,11 @@ def _check_caches(gpu_caches: Mapping[str, torch.Tensor]) -> None:
             raise ConfigError(
                 f"gpu_caches[{name!r}] must be a torch.Tensor, got a {type(t).__name__}"
             )
+        if t.layout != torch.strided or t.is_quantized:
+            raise ConfigError(
+                f"gpu_caches[{name!r}] must be a dense, unquantized tensor (its blocks are "
+                f"copied as bytes), got layout {t.layout} and dtype {t.dtype}"
+            )
 
 
 def _resolve(
@@ -113,16 +118,27 @@ def _resolve(
     return resolved
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _row_views(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Both tensors (blocks on dim 0) as 2-D ``(blocks, words)`` integer views.
 
     Copying integers keeps every bit (NaN payloads of fp16/bf16 included) and
     wide words make the gather kernels cheaper. If either tensor cannot be
-    flattened by a view (non-contiguous), both are returned as they are, so the
-    pair always has matching row shapes and dtypes.
+    flattened by a view (non-contiguous), both keep their shapes, reread as
+    integers of the same size where there is one (torch has no CPU
+    ``index_copy_`` for float8, for one), so the pair always has matching row
+    shapes and dtypes.
     """
     if not (gpu.is_contiguous() and cpu.is_contiguous()) or gpu.dim() == 0:
-        return gpu, cpu
+        word = _SAME_SIZE_INT.get(gpu.element_size())
+        if word is None or gpu.dtype.is_complex or gpu.dtype == word:
+            return gpu, cpu
+        try:
+            return gpu.view(word), cpu.view(word)
+        except RuntimeError:  # e.g. sub-byte dtypes: copied as they are, or refused
+            return gpu, cpu
     nbytes = gpu[0].numel() * gpu.element_size()
     for word in (torch.int64, torch.int32, torch.int16, torch.uint8):
         size = torch.empty((), dtype=word).element_size()

@@ -209,21 +209,52 @@ def test_cpu_gpu_contiguous_ids_round_trip(device: str) -> None:
         assert torch.equal(rows(g, layout, list(range(6))), rows(o, layout, list(range(2, 8))))
 
 
-def test_cpu_gpu_non_contiguous_cache_round_trip() -> None:
-    # A permuted view cannot be flattened into integer rows; the handler then
-    # copies in the tensor's own dtype (bfloat16 here, which numpy lacks).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float64])
+def test_cpu_gpu_non_contiguous_cache_round_trip(device: str, dtype: torch.dtype) -> None:
+    # A permuted view (vLLM permutes caches by the backend's stride order)
+    # cannot be flattened into integer rows; the handler copies it in its own
+    # shape, as integers of the same size.
+    device, row_kernel = ("cuda", False) if device == "cuda-engines" else (device, None)
     gen = torch.Generator().manual_seed(5)
-    base = random_tensor((4, 8, NUM_GPU), torch.bfloat16, gen)
+    base = random_tensor((4, 8, NUM_GPU), dtype, gen, device)
     cache = base.permute(2, 0, 1)
     assert not cache.is_contiguous()
-    h = CpuGpuOffloadingHandler(16, 16, NUM_CPU, {"l": cache})
+    h = CpuGpuOffloadingHandler(16, 16, NUM_CPU, {"l": cache}, row_kernel=row_kernel)
     assert h.transfer_async(1, (GPULoadStoreSpec([9, 3, 5]), CPULoadStoreSpec([4, 0, 2])))
+    if device == "cuda":
+        torch.cuda.synchronize()
     assert h.get_finished() == [(1, True)]
-    expected = cache[[9, 3, 5]].contiguous().view(torch.uint8)
+    expected = cache[[9, 3, 5]].contiguous().cpu().view(torch.uint8)
     assert torch.equal(h.cpu_tensors[0][[4, 0, 2]].contiguous().view(torch.uint8), expected)
     assert h.transfer_async(2, (CPULoadStoreSpec([4, 0, 2]), GPULoadStoreSpec([0, 1, 2])))
+    if device == "cuda":
+        torch.cuda.synchronize()
     assert h.get_finished() == [(2, True)]
-    assert torch.equal(cache[[0, 1, 2]].contiguous().view(torch.uint8), expected)
+    assert torch.equal(cache[[0, 1, 2]].contiguous().cpu().view(torch.uint8), expected)
+
+
+@pytest.mark.parametrize("direction", ["store", "load"])
+def test_device_copy_takes_the_handlers_views_of_a_permuted_float8_cache(
+    direction: str,
+) -> None:
+    """The CUDA path's logic on CPU tensors: a scattered load into a permuted
+    float8 cache needs ``index_copy_``, which torch has for integers only."""
+    gen = torch.Generator().manual_seed(6)
+    cache = random_tensor((4, 8, NUM_GPU), torch.float8_e4m3fn, gen).permute(2, 0, 1)
+    h = CpuGpuOffloadingHandler(16, 16, NUM_CPU, {"l": cache})
+    gpu, cpu = h._views[0]
+    assert gpu.dtype == cpu.dtype == torch.uint8 and not gpu.is_contiguous()
+    cpu.copy_(random_tensor(tuple(cpu.shape), torch.uint8, gen))
+    gpu_ids, cpu_ids = [9, 3, 5], [0, 1, 2]
+    spec = (
+        (GPULoadStoreSpec(gpu_ids), CPULoadStoreSpec(cpu_ids))
+        if direction == "store"
+        else (CPULoadStoreSpec(cpu_ids), GPULoadStoreSpec(gpu_ids))
+    )
+    plan = plan_transfer(spec, 1, num_gpu_blocks=NUM_GPU, num_cpu_blocks=NUM_CPU)
+    device_copy(h._views, plan, torch.device("cpu"), kernel=False)
+    assert torch.equal(gpu[gpu_ids], cpu[cpu_ids])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -371,6 +402,11 @@ _MIRROR_ARGS |= {"layouts", "num_gpu_blocks", "attn_backends"}
         ),
         ({"gpu_caches": {"l0": [[0.0]]}}, "gpu_caches['l0'] must be a torch.Tensor, got a list"),
         ({"gpu_caches": [torch.zeros(4)]}, "gpu_caches must map layer names to torch.Tensor"),
+        (
+            {"gpu_caches": {"l0": torch.zeros(NUM_GPU, 16).to_sparse()}},
+            "gpu_caches['l0'] must be a dense, unquantized tensor (its blocks are copied as "
+            "bytes), got layout torch.sparse_coo",
+        ),
         (
             {"max_cpu_bytes": "none"},
             "max_cpu_bytes must be 'auto', None or an int >= 0, got 'none'",
