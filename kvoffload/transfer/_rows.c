@@ -45,6 +45,11 @@ get_index(PyObject *obj, Py_buffer *view, const char *name)
         PyBuffer_Release(view);
         return -1;
     }
+    if ((uintptr_t)view->buf % _Alignof(int64_t) != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be 8-byte aligned", name);
+        PyBuffer_Release(view);
+        return -1;
+    }
     return 0;
 }
 
@@ -140,10 +145,18 @@ copy_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     PyThreadState *released = NULL;
     if (n > 0 && n >= RELEASE_GIL_BYTES / row_bytes) /* n * row_bytes, without overflow */
         released = PyEval_SaveThread();
+    int changed = 0;
     for (Py_ssize_t i = 0; i < n;) {
+        /* Checked again as they are read: the indices may share memory with
+         * dst, or another thread may write them while the GIL is released. */
         int64_t s0 = s[i], d0 = d[i];
+        if (s0 < 0 || s0 >= src_rows || d0 < 0 || d0 >= dst_rows) {
+            changed = 1;
+            break;
+        }
         Py_ssize_t k = 1;
-        while (i + k < n && s[i + k] == s0 + k && d[i + k] == d0 + k)
+        while (i + k < n && s0 + k < src_rows && d0 + k < dst_rows && s[i + k] == s0 + k &&
+               d[i + k] == d0 + k)
             k++;
         size_t len = (size_t)k * (size_t)row_bytes;
         const char *a = from + s0 * row_bytes;
@@ -157,7 +170,13 @@ copy_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     if (released != NULL)
         PyEval_RestoreThread(released);
-    result = PyLong_FromSsize_t(runs);
+    if (changed)
+        PyErr_SetString(PyExc_RuntimeError,
+                        "src_rows or dst_rows changed during the copy (an index buffer shared "
+                        "with dst, or written by another thread); rows were copied up to the "
+                        "first changed index");
+    else
+        result = PyLong_FromSsize_t(runs);
 done:
     PyBuffer_Release(&di);
     PyBuffer_Release(&si);
@@ -166,17 +185,21 @@ done:
     return result;
 }
 
-/* One side of a plan: ids (n of them) in [0, limit) (any id >= 0 whose rows
- * fit in int64 when limit < 0), expanded to rows id*factor .. id*factor +
- * factor - 1, the first `first` and last `last` rows dropped, into out
+/* One side of a plan: ids (n of them) in [0, limit) (limit < 0: no bound),
+ * and never one whose last row would pass INT64_MAX, expanded to rows
+ * id*factor .. id*factor + factor - 1, the first `first` and last `last`
+ * rows dropped, into out
  * (exactly n*factor - first - last of them: checked by the caller). 0 when
  * an id is out of range. */
 static int
 expand_side(const int64_t *ids, Py_ssize_t n, int64_t factor, int64_t first, int64_t limit,
             int64_t *out, Py_ssize_t n_out)
 {
-    if (limit < 0)
-        limit = INT64_MAX / factor;
+    /* the last row of an id below `fits` still fits in int64 (as in
+     * block_map._check_ids) */
+    int64_t fits = factor == 1 ? INT64_MAX : (INT64_MAX - (factor - 1)) / factor + 1;
+    if (limit < 0 || limit > fits)
+        limit = fits;
     if (first_out_of_range(ids, n, limit) >= 0)
         return 0;
     if (factor == 1) {

@@ -287,18 +287,24 @@ class CopyPlan:
         return f"CopyPlan(src={self.src.tolist()}, dst={self.dst.tolist()})"
 
 
-def _check_ids(name: str, ids: IntArray, num_blocks: int | None) -> IntArray:
+def _check_ids(name: str, ids: IntArray, num_blocks: int | None, factor: int) -> IntArray:
+    """``ids`` as int64, each in ``[0, num_blocks)`` and with its last row
+    (``id * factor + factor - 1``) inside int64 (``_rows.c`` bounds them the
+    same way)."""
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise TransferError(f"{name} block ids must be a 1-D integer array, got {ids!r}")
     if ids.dtype != np.int64:
         ids = ids.astype(np.int64)
     if ids.size:
+        int64_max = int(np.iinfo(np.int64).max)
+        fits = int64_max if factor == 1 else (int64_max - (factor - 1)) // factor + 1
+        limit = fits if num_blocks is None else min(num_blocks, fits)
         # One reduction: as unsigned words, negative ids are above any bound.
-        limit = np.iinfo(np.int64).max if num_blocks is None else num_blocks
         if int(ids.view(np.uint64).max()) >= limit:
             bad = ids[(ids < 0) | (ids >= limit)]
+            why = "" if limit == num_blocks else f" (past it a block's {factor} rows pass int64)"
             raise TransferError(
-                f"{name} block ids {bad[:8].tolist()} are out of range [0, {num_blocks})"
+                f"{name} block ids {bad[:8].tolist()} are out of range [0, {limit}){why}"
             )
     return ids
 
@@ -350,8 +356,8 @@ def plan_copy(
     )  # fmt: skip
     if plan is not None:
         return plan
-    src_ids = _check_ids("source", src_ids, src_num_blocks)
-    dst_ids = _check_ids("destination", dst_ids, dst_num_blocks)
+    src_ids = _check_ids("source", src_ids, src_num_blocks, src_factor)
+    dst_ids = _check_ids("destination", dst_ids, dst_num_blocks, dst_factor)
     s_first, s_last, d_first, d_last = _resolve_skips(
         src_ids.size, src_factor, src_skip, dst_ids.size, dst_factor, dst_skip
     )
@@ -427,15 +433,15 @@ def _plan_in_c(
         and (dst_num_blocks is None or dst_num_blocks >= 0)
     ):
         return None
+    # Anything odd (skips that do not fit or are not pairs, a bound that is
+    # not an int or not an int64, an unaligned id buffer, rows too many to
+    # allocate) is left to the numpy path, which says what is wrong.
     try:
         s_first, s_last, d_first, d_last = _resolve_skips(
             src_ids.size, src_factor, src_skip, dst_ids.size, dst_factor, dst_skip
         )
-    except TransferError:
-        return None
-    n = src_ids.size * src_factor - s_first - s_last
-    src, dst = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    try:
+        n = src_ids.size * src_factor - s_first - s_last
+        src, dst = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         ok = _rows.plan_rows(
             np.ascontiguousarray(src_ids), src_factor, s_first, s_last,
             -1 if src_num_blocks is None else src_num_blocks,
@@ -443,7 +449,7 @@ def _plan_in_c(
             -1 if dst_num_blocks is None else dst_num_blocks,
             src, dst,
         )  # fmt: skip
-    except (OverflowError, ValueError):  # a factor or bound beyond int64
+    except Exception:
         return None
     return CopyPlan(src, dst) if ok else None
 

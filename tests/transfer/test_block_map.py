@@ -536,5 +536,57 @@ def test_plan_rows_refuses_malformed_arguments(planner: str) -> None:
 def test_plan_copy_takes_bounds_and_factors_beyond_int64() -> None:
     """What the C planner cannot hold it hands to numpy (no OverflowError)."""
     assert plan_copy(arr([0, 1]), 1, arr([0, 1]), 1, src_num_blocks=2**70).num_rows == 2
-    with pytest.raises(TransferError, match="cannot pair 2 source blocks x1180591620717411303424"):
+    with pytest.raises(
+        TransferError,
+        match=r"\[0, 1\] are out of range \[0, 0\) \(past it a block's 1180591620717411303424 rows",
+    ):
         plan_copy(arr([0, 1]), 2**70, arr([0, 1]), 1)
+
+
+def test_plan_copy_refuses_ids_whose_rows_pass_int64() -> None:
+    """Rows are int64: block ``b`` of ``factor`` rows is refused once its
+    last row, ``b * factor + factor - 1``, would wrap (numpy wrapped it to
+    a small row that overlapped block 0's)."""
+    last = (2**63 - 1 - 3) // 4  # the last block of 4 rows whose rows fit
+    plan = plan_copy(arr([last]), 4, arr([0, 1, 2, 3]), 1, src_num_blocks=2**63 - 1)
+    assert plan.src.tolist() == [2**63 - 4, 2**63 - 3, 2**63 - 2, 2**63 - 1]
+    for bound in (None, 2**63 - 1):
+        with pytest.raises(
+            TransferError, match=rf"\[{last + 1}\] are out of range \[0, {last + 1}\)"
+        ):
+            plan_copy(arr([last + 1]), 4, arr([0, 1, 2, 3]), 1, src_num_blocks=bound)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "outcome"),
+    [
+        ({"src_num_blocks": 5.0}, ([1, 2], [0, 1])),  # a float bound: numpy takes it
+        ({"src_skip": (0, 0, 0)}, "too many values to unpack"),  # not a pair
+    ],
+)
+def test_odd_arguments_get_the_numpy_planners_answer(
+    kwargs: dict[str, object], outcome: tuple[list[int], list[int]] | str
+) -> None:
+    try:
+        plan = plan_copy(arr([1, 2]), 1, arr([0, 1]), 1, **kwargs)  # type: ignore[arg-type]
+        got: tuple[list[int], list[int]] | str = (plan.src.tolist(), plan.dst.tolist())
+    except ValueError as exc:
+        got = str(exc)
+    assert got == outcome or (isinstance(outcome, str) and outcome in str(got))
+
+
+def test_plan_copy_takes_unaligned_id_buffers() -> None:
+    """An int64 view at an odd address is refused by the C planner (reading
+    it is undefined behaviour in C) and planned by numpy instead."""
+    raw = np.zeros(8 * 3 + 1, dtype=np.uint8)
+    ids = raw[1:].view(np.int64)
+    ids[:] = [4, 0, 2]
+    assert not ids.flags.aligned
+    plan = plan_copy(ids, 2, arr([0, 1, 2, 3, 4, 5]), 1)
+    assert plan.src.tolist() == [8, 9, 0, 1, 4, 5]
+    if _native.rows is not None:
+        out = np.empty(6, dtype=np.int64)
+        with pytest.raises(TypeError, match="src_ids must be 8-byte aligned"):
+            _native.rows.plan_rows(
+                ids, 2, 0, 0, -1, arr([0, 1, 2, 3, 4, 5]), 1, 0, 0, -1, out, out.copy()
+            )

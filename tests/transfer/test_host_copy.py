@@ -288,3 +288,32 @@ def test_c_copy_rows_within_one_buffer_is_a_memmove_per_run() -> None:
     expected.reshape(10, 4)[2:6] = expected.reshape(10, 4)[0:4].copy()
     assert c_copy_rows(buf.data, buf.data, np.arange(4), np.arange(2, 6), 4) == 1
     assert np.array_equal(buf, expected)
+
+
+@needs_c
+def test_c_copy_rows_rechecks_indices_a_copy_overwrites() -> None:
+    """dst holds dst_rows' own bytes: copying row 0 rewrites dst_rows[1] to
+    3, past dst's 2 rows. The copy stops there with a RuntimeError instead of
+    writing outside dst (it wrote into the word after it)."""
+    assert c_copy_rows is not None
+    backing = np.array([1, 0, -7, -7], dtype=np.int64)
+    dst_rows = backing[:2]
+    src = np.array([3, 42], dtype=np.int64)
+    with pytest.raises(RuntimeError, match="changed during the copy"):
+        c_copy_rows(
+            memoryview(src).cast("B"),
+            memoryview(dst_rows).cast("B"),
+            np.array([0, 1], dtype=np.int64),
+            dst_rows,
+            8,
+        )
+    assert backing.tolist() == [1, 3, -7, -7]  # the first row copied, nothing outside
+
+
+@needs_c
+def test_c_copy_rows_refuses_unaligned_indices() -> None:
+    assert c_copy_rows is not None
+    raw = np.zeros(8 * 2 + 1, dtype=np.uint8)
+    rows = raw[1:].view(np.int64)
+    with pytest.raises(TypeError, match="dst_rows must be 8-byte aligned"):
+        c_copy_rows(b"x" * 16, bytearray(16), np.array([0, 1], dtype=np.int64), rows, 8)
