@@ -75,7 +75,9 @@ PyDoc_STRVAR(copy_rows_doc,
 "buffers. Every index is checked before anything is copied (IndexError\n"
 "names the first one out of range). Rows consecutive on both sides are\n"
 "copied as one run; returns the number of runs. Overlapping buffers are\n"
-"copied run by run in order, each run as memmove would.");
+"copied run by run in order, each run as memmove would. An index that\n"
+"changes during the copy (its buffer shares memory with dst, or another\n"
+"thread writes it) stops it with RuntimeError, the rows before it copied.");
 
 static PyObject *
 copy_rows(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)

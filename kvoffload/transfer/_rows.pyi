@@ -15,7 +15,8 @@ def copy_rows(
     """Copy row ``src_rows[i]`` of ``src`` to row ``dst_rows[i]`` of ``dst``
     for every ``i`` (any contiguous buffers; the index buffers int64); returns
     the number of runs (rows consecutive on both sides) copied. ``IndexError``
-    before any byte moves if an index is out of range."""
+    before any byte moves if an index is out of range; ``RuntimeError`` if an
+    index changes during the copy (the rows before it copied)."""
 
 def plan_rows(
     src_ids: npt.NDArray[np.int64],
