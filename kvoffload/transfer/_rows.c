@@ -190,9 +190,8 @@ done:
 /* One side of a plan: ids (n of them) in [0, limit) (limit < 0: no bound),
  * and never one whose last row would pass INT64_MAX, expanded to rows
  * id*factor .. id*factor + factor - 1, the first `first` and last `last`
- * rows dropped, into out
- * (exactly n*factor - first - last of them: checked by the caller). 0 when
- * an id is out of range. */
+ * rows dropped, into out (exactly n*factor - first - last of them: checked
+ * by the caller). 0 when an id is out of range. */
 static int
 expand_side(const int64_t *ids, Py_ssize_t n, int64_t factor, int64_t first, int64_t limit,
             int64_t *out, Py_ssize_t n_out)
@@ -256,7 +255,8 @@ PyDoc_STRVAR(plan_rows_doc,
 "b*factor .. b*factor+factor-1, less the first `first` and last `last` rows\n"
 "of the side, into its out buffer (writable int64, exactly that long).\n"
 "Returns False, with the outs undefined, when an id lies outside\n"
-"[0, limit) (limit < 0: no bound) or a destination id repeats; the caller\n"
+"[0, limit) (limit < 0: no bound), its last row would pass INT64_MAX, or a\n"
+"destination id repeats; the caller\n"
 "then says which (kvoffload.transfer.block_map.plan_copy). Raises ValueError\n"
 "for a factor < 1, skips outside [0, factor) or outs of the wrong length.");
 

@@ -36,5 +36,5 @@ def plan_rows(
     """Expand both sides' block ids into rows (block ``b`` to ``b*factor ..
     b*factor+factor-1``, less the first ``first`` and last ``last`` rows of
     the side) into the outs; ``False`` (outs undefined) when an id lies
-    outside ``[0, limit)`` (``limit < 0``: no bound) or a destination id
-    repeats. ``ValueError`` for bad factors, skips or out lengths."""
+    outside ``[0, limit)`` (``limit < 0``: no bound), its last row would pass
+    int64, or a destination id repeats. ``ValueError`` for bad factors, skips or out lengths."""
