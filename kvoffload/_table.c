@@ -112,7 +112,7 @@ typedef struct {
     PyObject *handle; /* strong; NULL for a ghost (and a free slot) */
     int32_t prev;     /* list neighbours, -1 at the ends (set aside: its */
     int32_t next;     /* record's position); a free slot: the next free slot */
-    int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned */
+    int32_t ref;      /* -1 in flight, 0 ready, > 0 pinned (-2: marked within one call) */
     uint8_t tag;      /* 0..3 resident, 4..7 ghost, HINT_ONLY, STALE */
     uint8_t place;    /* IN_LINE, SET_ASIDE or HELD (resident only) */
 } Entry;
@@ -897,7 +897,7 @@ aside_shrink(BlockTable *t)
             A->v = NULL;
             A->cap = 0;
         }
-        else if (A->cap > MIN_ASIDE && A->n * 4 < A->cap) {
+        else if (A->cap > MIN_ASIDE && (int64_t)A->n * 4 < A->cap) {
             int32_t nc = A->n * 2 < MIN_ASIDE ? MIN_ASIDE : A->n * 2;
             Rec *nv = PyMem_Realloc(A->v, (size_t)nc * sizeof(Rec));
             if (nv != NULL) { /* else keep the larger array */
@@ -1694,11 +1694,15 @@ dupset_add(DupSet *s, Item *v, int32_t i, int32_t *first)
 
 /* phase 1 of an insert: look every item up; ValueError(h) for the first
    that is resident or repeats an earlier one. *ghosts: how many have a ghost
-   entry (which the new entry replaces) */
+   entry (which the new entry replaces). Each entry found is marked ref -2
+   (a ghost's or hint-only entry's ref is 0) until the check ends: keys whose
+   __eq__ is not transitive, or whose __hash__ changes, can reach one entry
+   from two items that the duplicate check tells apart, and committing both
+   would fill that entry twice. */
 static int
 insert_check(BlockTable *t, Items *b, Py_ssize_t *ghosts)
 {
-    Py_ssize_t n = b->n;
+    Py_ssize_t n = b->n, found = 0;
     DupSet dup;
     dup.slots = NULL;
     int res = -1;
@@ -1709,7 +1713,9 @@ insert_check(BlockTable *t, Items *b, Py_ssize_t *ghosts)
         Item *it = &b->v[i];
         if (item_find(t, it) < 0)
             goto done;
-        if (it->ix >= 0 && t->entries[it->ix].tag < N_RESIDENT) {
+        found = i + 1;
+        if (it->ix >= 0 &&
+            (t->entries[it->ix].tag < N_RESIDENT || t->entries[it->ix].ref == -2)) {
             raise_key(PyExc_ValueError, it->key);
             goto done;
         }
@@ -1729,10 +1735,18 @@ insert_check(BlockTable *t, Items *b, Py_ssize_t *ghosts)
             raise_key(PyExc_ValueError, it->key);
             goto done;
         }
-        *ghosts += it->ix >= 0;
+        if (it->ix >= 0) {
+            t->entries[it->ix].ref = -2;
+            *ghosts += 1;
+        }
     }
     res = 0;
 done:
+    for (Py_ssize_t i = 0; i < found; i++) {
+        int32_t ix = b->v[i].ix;
+        if (ix >= 0 && t->entries[ix].ref == -2)
+            t->entries[ix].ref = 0;
+    }
     if (dup.slots != NULL && dup.slots != dup.small)
         PyMem_Free(dup.slots);
     return res;

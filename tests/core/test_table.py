@@ -1451,3 +1451,80 @@ def test_move_with_a_bad_last_changes_nothing(impl: Any) -> None:
     with pytest.raises(ValueError, match="no truth"):
         t.move(b"a", 1, last=Bad())
     assert (len(t), t.items(0), t.items(1)) == (1, [(b"a", 0)], [])
+
+
+class ClaimsAll:
+    """A key that equals whatever its name says (``G`` equals every one of
+    them, the others only themselves): not transitive, all hash alike."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __hash__(self) -> int:
+        return 7
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or self.name == "G"
+
+    def __repr__(self) -> str:
+        return f"ClaimsAll({self.name})"
+
+
+def _home(h: int, bits: int = 4) -> int:
+    """The slot a hash starts probing at in the C table's 16-slot index."""
+    return ((h & (2**64 - 1)) * 0x9E3779B97F4A7C15 % 2**64) >> (64 - bits)
+
+
+class ChangesHash:
+    """One object whose hash alternates, once ``changing`` is set, between
+    two values that probe the same slot first (so both find its entry)."""
+
+    changing = False
+    calls = 0
+    other = next(h for h in range(2, 10**6) if _home(h) == _home(1))
+
+    def __hash__(self) -> int:
+        if not ChangesHash.changing:
+            return 1
+        ChangesHash.calls += 1
+        return 1 if ChangesHash.calls % 2 else ChangesHash.other
+
+
+@pytest.mark.parametrize("hinted", [True, False], ids=["hint-only", "ghost"])
+def test_two_items_reaching_one_entry_are_refused(hinted: bool) -> None:
+    """Keys with a non-transitive ``__eq__`` (A and B each equal G, not each
+    other) reach G's entry from two items the duplicate check tells apart.
+    The C table filled that entry twice: a leaked handle, counts off by one,
+    and with hints a held record left behind that crashed a later call."""
+    g, a, b = ClaimsAll("G"), ClaimsAll("A"), ClaimsAll("B")
+    t = CBlockTable()
+    if hinted:
+        t.set_hint_order(True)
+        t.hint([g])
+    else:
+        t.insert([g], ["g"], 0)
+        t.complete([g])
+        t.evict(0, 1, set(), ghost_a=4)
+    with pytest.raises(ValueError) as err:
+        t.insert([a, b], [1, 2], 0)
+    assert err.value.args == (b,)
+    assert (len(t), t.in_flight) == (0, 0)
+    t._check()
+    t.set_hint_order(False)  # walked a stale held record
+    t._check()
+
+
+def test_one_key_named_twice_under_two_hashes_is_refused() -> None:
+    x = ChangesHash()
+    t = CBlockTable()
+    t.insert([x], ["first"], 0)
+    t.complete([x])
+    t.evict(0, 1, set(), ghost_a=4)  # x is a ghost
+    ChangesHash.changing = True
+    try:
+        with pytest.raises(ValueError):
+            t.insert([x, x], ["a", "b"], 0)
+    finally:
+        ChangesHash.changing = False
+    assert len(t) == 0
+    t._check()
