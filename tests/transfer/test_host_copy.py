@@ -236,8 +236,9 @@ def test_c_copy_rows_matches_a_row_by_row_copy(row_bytes: int, seed: int, runs: 
 
 
 @needs_c
-def test_c_copy_rows_copies_large_jobs_with_the_gil_released() -> None:
-    """At 1 MiB and more the copy runs with the GIL released: still exact."""
+def test_c_copy_rows_is_exact_on_jobs_that_release_the_gil() -> None:
+    """At 1 MiB and more the copy runs with the GIL released (the branch this
+    takes; that the GIL is free then is not observed here): still exact."""
     assert c_copy_rows is not None
     src = torch.randint(0, 2**31, (512, 1024), dtype=torch.int64)  # 4 MiB, 8 KiB rows
     dst = torch.zeros_like(src)
