@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Iterator
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native import needs_c
 from odd_specs import UnreadableIds, skipless
 
 from kvoffload.abstract import LoadStoreSpec
@@ -25,14 +25,6 @@ from kvoffload.transfer.block_map import (
     plan_copy,
     plan_transfer,
 )
-
-PURE = os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0")
-if _native.rows is None and not PURE:  # pragma: no cover - a failure, unless PURE
-    raise ImportError(
-        "kvoffload.transfer._rows was not built (run scripts/install); "
-        "set KVOFFLOAD_PURE_PYTHON=1 to run without it"
-    )
-needs_c = pytest.mark.skipif(PURE, reason="KVOFFLOAD_PURE_PYTHON is set: no C planner")
 
 
 @pytest.fixture(scope="module", autouse=True, params=["c", "numpy"])

@@ -13,17 +13,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from native import needs_c
 
 from kvoffload.transfer.block_map import plan_copy
 from kvoffload.transfer.host_copy import HostCopier, RowCopier, RowPair, Strategy, c_copy_rows
-
-PURE = os.environ.get("KVOFFLOAD_PURE_PYTHON", "") not in ("", "0")
-if c_copy_rows is None and not PURE:  # pragma: no cover - a failure, unless PURE
-    raise ImportError(
-        "kvoffload.transfer._rows is not built: run `pip install -e .` (scripts/install); "
-        "set KVOFFLOAD_PURE_PYTHON=1 to run without it"
-    )
-needs_c = pytest.mark.skipif(PURE, reason="KVOFFLOAD_PURE_PYTHON is set: no C row copier")
 
 STRATEGIES: list[Strategy] = ["bytes", "pair", "gather", "scatter"]
 #: the bytes strategy's implementations: the C row copier, the Python loop
