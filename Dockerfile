@@ -36,9 +36,10 @@ RUN if ! command -v python3 >/dev/null 2>&1; then \
 WORKDIR /src
 
 # Dependencies first, in their own layers: torch, then everything pyproject.toml
-# names, installed through a stub of the package so that editing the source does
-# not invalidate them. TORCH_SPEC is split into words on purpose (SC2086); versions
-# come from TORCH_SPEC and pyproject.toml, which hadolint cannot see (DL3013).
+# names for the service (OTLP over gRPC included), installed through a stub of
+# the package so that editing the source does not invalidate them. TORCH_SPEC
+# is split into words on purpose (SC2086); versions come from TORCH_SPEC and
+# pyproject.toml, which hadolint cannot see (DL3013).
 # hadolint ignore=SC2086,DL3013
 RUN pip install ${TORCH_SPEC}
 COPY pyproject.toml ./
@@ -46,7 +47,7 @@ COPY pyproject.toml ./
 RUN mkdir -p kvoffload app \
     && touch README.md LICENSE kvoffload/__init__.py app/__init__.py \
     && echo '__version__ = "0.0.0"' > kvoffload/_version.py \
-    && pip install ".[app]" \
+    && pip install ".[app,otlp-grpc]" \
     && pip uninstall -y kvoffload \
     && rm -rf /src/*
 

@@ -216,7 +216,11 @@ def log_access(settings: Settings, where: str) -> None:
 @asynccontextmanager
 async def _owned_engine(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    telemetry: Telemetry = app.state.telemetry_factory()
+    try:
+        telemetry: Telemetry = app.state.telemetry_factory()
+    except Exception as exc:
+        logger.error("cannot set up telemetry: %s", exc)
+        raise
     try:
         engine, prometheus = start_engine(settings, app.state.engine_factory, telemetry)
     except Exception as exc:

@@ -10,8 +10,12 @@ and returns a :class:`Telemetry` holding the providers to hand to
   is started, nothing is logged;
 - ``OTEL_SDK_DISABLED=true`` turns everything off; ``OTEL_{TRACES,LOGS,METRICS}_EXPORTER=none``
   turns one signal off;
-- export is OTLP over HTTP/protobuf through batch processors, so a slow or
-  failing collector costs the engine nothing but dropped telemetry;
+- export is OTLP through batch processors, so a slow or failing collector
+  costs the engine nothing but dropped telemetry: over HTTP/protobuf, or over
+  gRPC where ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the signal's own
+  ``OTEL_EXPORTER_OTLP_{TRACES,LOGS,METRICS}_PROTOCOL``) says ``grpc`` (the
+  ``otlp-grpc`` extra); any other protocol is a :class:`ConfigError`, as is
+  ``grpc`` without that extra, raised before anything is built;
 - ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (read by
   the SDK itself); unset, the sampler is ``parentbased_traceidratio`` at
   :data:`DEFAULT_SAMPLING_RATIO`. Either way admin-action spans are always
@@ -25,6 +29,7 @@ compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import threading
@@ -57,6 +62,7 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
 from kvoffload._version import __version__
+from kvoffload.errors import ConfigError
 from kvoffload.instrumentation.tracing import TracingObserver
 
 __all__ = [
@@ -75,7 +81,15 @@ DEFAULT_SERVICE_NAME = "kvoffload"
 DEFAULT_SAMPLING_RATIO = 0.01
 
 _SIGNALS = ("traces", "logs", "metrics")
-_SUPPORTED_PROTOCOL = "http/protobuf"
+_DEFAULT_PROTOCOL = "http/protobuf"
+#: OTLP protocols: the exporter package of each (opentelemetry.exporter.otlp.proto.*)
+_PROTOCOLS = {"http/protobuf": "http", "grpc": "grpc"}
+#: each signal's exporter: module in that package, class
+_EXPORTERS = {
+    "traces": ("trace_exporter", "OTLPSpanExporter"),
+    "logs": ("_log_exporter", "OTLPLogExporter"),
+    "metrics": ("metric_exporter", "OTLPMetricExporter"),
+}
 
 
 def _env(environ: Mapping[str, str], name: str) -> str:
@@ -107,20 +121,43 @@ def _wanted(signal: str, environ: Mapping[str, str]) -> bool:
             signal,
         )
         return False
-    protocol = (
-        _env(environ, f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-        or _env(environ, "OTEL_EXPORTER_OTLP_PROTOCOL")
-        or _SUPPORTED_PROTOCOL
-    )
-    if protocol != _SUPPORTED_PROTOCOL:
-        logger.warning(
-            "OTLP protocol %r is not supported for %s; exporting over %s anyway "
-            "(point the endpoint at the collector's OTLP/HTTP port, usually 4318)",
-            protocol,
-            signal,
-            _SUPPORTED_PROTOCOL,
-        )
     return True
+
+
+def _protocol(signal: str, environ: Mapping[str, str]) -> str:
+    """The OTLP protocol ``signal`` is exported over: its own variable, else
+    the common one, else HTTP/protobuf. :class:`ConfigError` for another."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = _env(environ, name)
+        if not value:
+            continue
+        if value not in _PROTOCOLS:
+            raise ConfigError(
+                f"{name}={value!r} is not a protocol kvoffload exports {signal} over: use "
+                "'http/protobuf' (the default; a collector's OTLP/HTTP port, usually 4318) "
+                "or 'grpc' (its OTLP/gRPC port, usually 4317)"
+            )
+        return value
+    return _DEFAULT_PROTOCOL
+
+
+def _exporter(signal: str, protocol: str) -> type:
+    """The OTLP exporter class for ``signal`` over ``protocol``;
+    :class:`ConfigError` when it is ``grpc`` and the gRPC exporter is not
+    installed."""
+    module, name = _EXPORTERS[signal]
+    package = f"opentelemetry.exporter.otlp.proto.{_PROTOCOLS[protocol]}"
+    try:
+        exporter: type = getattr(importlib.import_module(f"{package}.{module}"), name)
+    except ImportError as exc:
+        if protocol != "grpc":
+            raise
+        raise ConfigError(
+            f"exporting {signal} over OTLP/gRPC (OTEL_EXPORTER_OTLP_PROTOCOL=grpc) needs the "
+            "gRPC exporter, which is not installed: pip install 'kvoffload[otlp-grpc]', or "
+            "export over 'http/protobuf' to the collector's OTLP/HTTP port (usually 4318)"
+        ) from exc
+    return exporter
 
 
 def _disabled(environ: Mapping[str, str]) -> bool:
@@ -312,33 +349,38 @@ def setup_telemetry(
             is unset (admin-action spans are always sampled).
         set_global: also install the providers as the process-wide OTel
             globals (for third-party instrumentation; kvoffload never needs it).
+
+    Raises:
+        ConfigError: a signal to export names a protocol other than
+            ``http/protobuf`` or ``grpc``, or ``grpc`` without the gRPC
+            exporter installed (the ``otlp-grpc`` extra); nothing is built.
     """
     env = os.environ
     if _disabled(env):
         return Telemetry()
-    want = {s: _wanted(s, env) for s in _SIGNALS}
-    if not want["traces"] and not want["logs"] and not (metrics and want["metrics"]):
+    wanted = [s for s in _SIGNALS if (metrics or s != "metrics") and _wanted(s, env)]
+    if not wanted:
         return Telemetry()
-
-    # Imported here so that a service without an endpoint never loads them.
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    # Every exporter before any provider: a protocol that cannot be exported
+    # over is an error with nothing built. Imported here so that a service
+    # without an endpoint never loads them.
+    protocols = {s: _protocol(s, env) for s in wanted}
+    exporters = {s: _exporter(s, protocol) for s, protocol in protocols.items()}
 
     resource = _resource(service_version)
     telemetry = Telemetry(resource=resource)
-    if want["traces"]:
+    if "traces" in exporters:
         tp = _tracer_provider(env, resource, default_sampling_ratio)
-        tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        tp.add_span_processor(BatchSpanProcessor(exporters["traces"]()))
         telemetry.tracer_provider = tp
-    if want["logs"]:
+    if "logs" in exporters:
         lp = LoggerProvider(resource=resource, shutdown_on_exit=False)
-        lp.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+        lp.add_log_record_processor(BatchLogRecordProcessor(exporters["logs"]()))
         telemetry.logger_provider = lp
-    if metrics and want["metrics"]:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    if "metrics" in exporters:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        reader = PeriodicExportingMetricReader(exporters["metrics"]())
         telemetry.meter_provider = MeterProvider(
             resource=resource, metric_readers=[reader], shutdown_on_exit=False
         )
@@ -347,10 +389,8 @@ def setup_telemetry(
     if set_global:
         _install_globals(telemetry)
     logger.info(
-        "OpenTelemetry export on: traces=%s logs=%s metrics=%s",
-        telemetry.tracer_provider is not None,
-        telemetry.logger_provider is not None,
-        telemetry.meter_provider is not None,
+        "OpenTelemetry export on: %s",
+        ", ".join(f"{s} over {protocol}" for s, protocol in protocols.items()),
     )
     return telemetry
 

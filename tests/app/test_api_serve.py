@@ -134,6 +134,25 @@ def test_serve_refuses_public_host_without_admin_token() -> None:
 
 
 @pytest.mark.slow
+def test_serve_refuses_an_otlp_protocol_it_cannot_export_over() -> None:
+    proc = serve(
+        "--port",
+        str(free_port()),
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+        },
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert out.splitlines() == [
+        "kvoffload serve: error: OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not a protocol "
+        "kvoffload exports traces over: use 'http/protobuf' (the default; a collector's "
+        "OTLP/HTTP port, usually 4318) or 'grpc' (its OTLP/gRPC port, usually 4317)"
+    ], out
+
+
+@pytest.mark.slow
 def test_serve_help_names_env_vars() -> None:
     proc = serve("--help")
     out, _ = proc.communicate(timeout=60)

@@ -1,5 +1,6 @@
-"""A minimal OTLP/HTTP receiver on 127.0.0.1 that decodes the protobuf it gets, as a
-collector would: what the tests read exported spans, log records and metrics from."""
+"""Minimal OTLP receivers on 127.0.0.1, over HTTP and over gRPC, that decode the
+protobuf they get, as a collector would: what the tests read exported spans, log
+records and metrics from."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-__all__ = ["MetricPoints", "Receiver", "attrs", "running_receiver"]
+__all__ = ["MetricPoints", "Receiver", "attrs", "running_grpc_receiver", "running_receiver"]
 
 #: one export's metrics: name -> [(attributes, value)] of its data points
 MetricPoints = dict[str, list[tuple[dict[str, object], float]]]
@@ -46,6 +47,7 @@ class Receiver:
     """What :func:`running_receiver` received, decoded."""
 
     url: str
+    #: what each request asked for: the URL path over HTTP, the method over gRPC
     traces: list[ExportTraceServiceRequest] = field(default_factory=list)
     logs: list[ExportLogsServiceRequest] = field(default_factory=list)
     metrics: list[ExportMetricsServiceRequest] = field(default_factory=list)
@@ -146,3 +148,60 @@ def running_receiver() -> Iterator[Receiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+#: the gRPC method of each signal's export (OTLP's collector services)
+GRPC_METHODS = {
+    "traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+}
+
+
+@contextmanager
+def running_grpc_receiver() -> Iterator[Receiver]:
+    """An OTLP/gRPC receiver (the collector's three export services, on a free
+    loopback port, no TLS) until the block ends. ``paths`` holds the gRPC
+    methods called (:data:`GRPC_METHODS`)."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    port = server.add_insecure_port("127.0.0.1:0")
+    r = Receiver(url=f"http://127.0.0.1:{port}")
+    r.open.set()
+
+    def received(signal: str, into: list[Any], request: Any) -> None:
+        r.first_request.set()
+        r.open.wait(10)
+        r.paths.append(GRPC_METHODS[signal])
+        into.append(request)
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+            received("traces", r.traces, request)
+            return ExportTraceServiceResponse()
+
+    class Logs(logs_service_pb2_grpc.LogsServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportLogsServiceResponse:
+            received("logs", r.logs, request)
+            return ExportLogsServiceResponse()
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportMetricsServiceResponse:
+            received("metrics", r.metrics, request)
+            return ExportMetricsServiceResponse()
+
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
+    logs_service_pb2_grpc.add_LogsServiceServicer_to_server(Logs(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    server.start()
+    try:
+        yield r
+    finally:
+        r.open.set()
+        server.stop(grace=None).wait(5)

@@ -1,5 +1,6 @@
-"""app/telemetry.py: OTLP/HTTP export end to end into a local receiver,
-configured only through OTEL_* variables; silence when nothing is configured."""
+"""app/telemetry.py: OTLP export end to end into a local receiver, over HTTP and
+over gRPC, configured only through OTEL_* variables; silence when nothing is
+configured; a clear error for a protocol it cannot export over."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ from pathlib import Path
 import pytest
 
 from app.telemetry import DEFAULT_SAMPLING_RATIO, Telemetry, setup_telemetry
+from kvoffload.errors import ConfigError
 from kvoffload.runtime.commands import CommandResult
 
-from .otlp_receiver import Receiver, attrs, running_receiver
+from .otlp_receiver import (
+    GRPC_METHODS,
+    Receiver,
+    attrs,
+    running_grpc_receiver,
+    running_receiver,
+)
 from .test_tracing import _one_step
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +45,28 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+#: each OTLP protocol: its receiver, and the path (HTTP) or method (gRPC) of each
+#: signal's export
+PROTOCOLS = {
+    "http/protobuf": (
+        running_receiver,
+        {"traces": "/v1/traces", "logs": "/v1/logs", "metrics": "/v1/metrics"},
+    ),
+    "grpc": (running_grpc_receiver, GRPC_METHODS),
+}
+Over = tuple[Receiver, dict[str, str]]
+
+
+@pytest.fixture(params=sorted(PROTOCOLS))
+def over(request: pytest.FixtureRequest, clean_env: pytest.MonkeyPatch) -> Iterator[Over]:
+    """A receiver for one protocol, OTEL_EXPORTER_OTLP_PROTOCOL naming it, and
+    where each signal's export arrives."""
+    start, paths = PROTOCOLS[request.param]
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", request.param)
+    with start() as r:
+        yield r, paths
+
+
 @pytest.fixture
 def telemetry_teardown() -> Iterator[list[Telemetry]]:
     made: list[Telemetry] = []
@@ -45,9 +75,10 @@ def telemetry_teardown() -> Iterator[list[Telemetry]]:
         t.shutdown()
 
 
-def test_telemetry_exports_spans_and_logs_over_otlp_http(
-    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+def test_telemetry_exports_spans_and_logs_over_otlp(
+    over: Over, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
+    receiver, path = over
     clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
     clean_env.setenv("OTEL_SERVICE_NAME", "kvoffload-e2e")
@@ -60,8 +91,8 @@ def test_telemetry_exports_spans_and_logs_over_otlp_http(
     telemetry.shutdown()
 
     # metrics go too (an empty export at shutdown: no instruments here)
-    assert {"/v1/traces", "/v1/logs"} <= set(receiver.paths)
-    assert set(receiver.paths) <= {"/v1/traces", "/v1/logs", "/v1/metrics"}
+    assert {path["traces"], path["logs"]} <= set(receiver.paths)
+    assert set(receiver.paths) <= set(path.values())
     spans = receiver.spans()
     assert sorted(s.name for s in spans) == [
         "kvoffload.request",
@@ -328,6 +359,68 @@ def test_telemetry_unsupported_exporter_is_a_warning(
     assert any("zipkin" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
+def test_each_signal_may_name_its_own_protocol(
+    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    # traces over gRPC to one collector, logs over HTTP to another (the
+    # signal's variable wins over the common one), metrics off
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", receiver.url + "/v1/logs")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    with running_grpc_receiver() as grpc_receiver:
+        clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", grpc_receiver.url)
+        telemetry = setup_telemetry()
+        telemetry_teardown.append(telemetry)
+        assert telemetry.meter_provider is None
+        _one_step(telemetry.tracing_observer())
+        assert telemetry.shutdown()
+    assert set(grpc_receiver.paths) == {GRPC_METHODS["traces"]}
+    assert "kvoffload.step" in {s.name for s in grpc_receiver.spans()}
+    assert set(receiver.paths) == {"/v1/logs"}
+    assert receiver.log_records()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "GRPC"),
+        ("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "thrift"),
+    ],
+)
+def test_a_protocol_it_cannot_export_over_is_an_error(
+    clean_env: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    # it used to be a warning, then OTLP/HTTP to what may be a gRPC port:
+    # every export failing, long after start-up
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_env.setenv(variable, value)
+    threads_before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry()
+    assert str(err.value).startswith(f"{variable}={value!r} is not a protocol")
+    assert "'http/protobuf'" in str(err.value) and "'grpc'" in str(err.value)
+    assert {t.ident for t in threading.enumerate()} <= threads_before  # nothing built
+    # a signal that is not exported is not asked about
+    clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "none")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert not setup_telemetry().exporting
+
+
+def test_grpc_without_its_exporter_names_the_extra(clean_env: pytest.MonkeyPatch) -> None:
+    package = "opentelemetry.exporter.otlp.proto.grpc"
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        clean_env.delitem(sys.modules, name)
+    clean_env.setitem(sys.modules, package, None)  # as if not installed
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ConfigError, match=r"pip install 'kvoffload\[otlp-grpc\]'"):
+        setup_telemetry()
+
+
 def test_telemetry_does_not_set_global_providers(
     receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
@@ -339,8 +432,8 @@ def test_telemetry_does_not_set_global_providers(
     assert (trace.get_tracer_provider(), _logs.get_logger_provider()) == before
 
 
-def test_telemetry_exports_the_metric_catalogue_over_otlp_http(
-    receiver: Receiver, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+def test_telemetry_exports_the_metric_catalogue_over_otlp(
+    over: Over, clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
     from prometheus_client import CollectorRegistry
 
@@ -349,6 +442,7 @@ def test_telemetry_exports_the_metric_catalogue_over_otlp_http(
 
     from .conftest import make_manager, store
 
+    receiver, path = over
     clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     telemetry = setup_telemetry()
     telemetry_teardown.append(telemetry)
@@ -360,7 +454,7 @@ def test_telemetry_exports_the_metric_catalogue_over_otlp_http(
     OTelMetricsBridge(telemetry.meter_provider, registry)
     telemetry.shutdown()  # the periodic reader exports once more on shutdown
 
-    assert "/v1/metrics" in receiver.paths
+    assert path["metrics"] in receiver.paths
     _, points = receiver.metric_exports()[-1]
     stored = {labels["outcome"]: value for labels, value in points["kvoffload_store_blocks"]}
     assert stored["stored"] == 5

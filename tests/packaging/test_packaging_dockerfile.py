@@ -120,7 +120,8 @@ def test_dependencies_are_installed_before_the_source_is_copied(
 ) -> None:
     torch = _index(instructions, "RUN", r"TORCH_SPEC")
     project = _index(instructions, "COPY", r"^pyproject\.toml ")
-    dependencies = _index(instructions, "RUN", r"pip install \"?\.\[app\]")
+    # the image exports OTLP over either protocol (docs/observability.md)
+    dependencies = _index(instructions, "RUN", r"pip install \"?\.\[app,otlp-grpc\]")
     source = _index(instructions, "COPY", r"^\. ")
     install = _index(instructions, "RUN", r"pip install --no-deps \.")
     assert torch < project < dependencies < source < install

@@ -26,8 +26,11 @@ def project() -> dict[str, Any]:
 
 def test_extras_are_declared(project: dict[str, Any]) -> None:
     extras = project["project"]["optional-dependencies"]
-    assert {"torch", "prometheus", "otel", "app", "dev"} <= set(extras)
-    assert any(dep.startswith("kvoffload[") and "app" in dep for dep in extras["dev"])
+    assert {"torch", "prometheus", "otel", "app", "otlp-grpc", "dev"} <= set(extras)
+    # the tests export over both OTLP protocols
+    (own,) = [dep for dep in extras["dev"] if dep.startswith("kvoffload[")]
+    assert set(own.removeprefix("kvoffload[").removesuffix("]").split(",")) == {"app", "otlp-grpc"}
+    assert any("otlp-proto-grpc" in dep for dep in extras["otlp-grpc"])
 
 
 def test_console_script_is_declared_and_installed(project: dict[str, Any]) -> None:
