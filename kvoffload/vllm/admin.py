@@ -6,7 +6,10 @@ With ``"admin_port": P`` in the extra config, :meth:`KVOffloadSpec.get_manager
 :func:`app.embedded.start_admin_server`: the admin API and ``/metrics`` on
 ``KVOFFLOAD_HOST:P`` (0: any free port), tokens and limits from the same
 ``KVOFFLOAD_*`` settings as ``kvoffload serve``. Commands land between the
-scheduler's calls (:class:`~kvoffload.runtime.HostedManager`).
+scheduler's calls (:class:`~kvoffload.runtime.HostedManager`). With an OTLP
+endpoint in the ``OTEL_*`` environment (:func:`app.telemetry.setup_telemetry`,
+as for ``kvoffload serve``), admin actions and the transfer jobs finished in
+this process go out as spans, and the ``/metrics`` catalogue as OTLP metrics.
 
 When it stops: vLLM 0.11.2 tells the spec nothing at shutdown
 (``OffloadingConnector`` inherits the base class's no-op ``shutdown()``), and
@@ -33,9 +36,11 @@ from concurrent.futures import Future
 
 from app.embedded import AdminServer, StartupError, start_admin_server
 from app.settings import ENV_PREFIX, Settings
+from app.telemetry import Telemetry, setup_telemetry
 from kvoffload.abstract import OffloadingEvent
 from kvoffload.errors import ConfigError
 from kvoffload.event_log import EventLog, EventRecord
+from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import CommandResult, EngineStoppedError, UnsupportedCommandError
@@ -158,9 +163,10 @@ def serve_admin(
     one of ``workers`` (the engine's handlers in this process) is freed, or
     vLLM drops the returned manager, or the interpreter exits (see the
     module doc). Transfer jobs finished in this process feed the server's
-    transfer metrics. Raises :class:`~kvoffload.errors.ConfigError` naming
-    the port and the settings when the server cannot start (port in use, bad
-    ``KVOFFLOAD_*`` setting)."""
+    transfer metrics, and OTLP spans where an endpoint is configured. Raises
+    :class:`~kvoffload.errors.ConfigError` naming the port and the settings
+    when the server cannot start (port in use, bad ``KVOFFLOAD_*`` setting,
+    an OTLP protocol it cannot export over)."""
     where = f"admin_port {port} of kv_connector_extra_config"
     try:
         settings = Settings(port=port)
@@ -168,17 +174,31 @@ def serve_admin(
         raise ConfigError(
             f"kvoffload admin server ({where}): the {ENV_PREFIX}* settings are invalid: {exc}"
         ) from None
+    try:
+        telemetry = setup_telemetry()
+    except ConfigError as exc:
+        raise ConfigError(f"kvoffload admin server ({where}): {exc}") from None
     hosted = VLLMHostedManager(manager, vllm_events=vllm_events)
     try:
-        server = start_admin_server(_EngineTarget(hosted), settings)
+        server = start_admin_server(
+            _EngineTarget(hosted), settings, tracer_provider=telemetry.tracer_provider
+        )
     except StartupError as exc:
+        telemetry.shutdown()
         raise ConfigError(
             f"kvoffload admin server ({where}, host {settings.host!r} from {ENV_PREFIX}HOST): "
             f"{exc}; choose another admin_port, or 0 for any free port"
         ) from None
-    remove = live.add_transfer_listener(server.prometheus.transfer_finished)
+    listeners = [server.prometheus.transfer_finished]
+    if telemetry.tracer_provider is not None:
+        # no engine steps here: each job is a span of its own, sampled as a root
+        listeners.append(telemetry.tracing_observer().transfer_finished)
+    if telemetry.meter_provider is not None:
+        OTelMetricsBridge(telemetry.meter_provider, server.registry)
+    removes = [live.add_transfer_listener(fn) for fn in listeners]
     live.add_admin_server(server)
-    stop = weakref.finalize(hosted, _stop, server, remove)  # runs once, whoever calls it
+    # runs once, whoever calls it
+    stop = weakref.finalize(hosted, _stop, server, removes, telemetry)
     for worker in workers:
         weakref.finalize(worker, stop)
     logger.info(
@@ -190,10 +210,12 @@ def serve_admin(
     return hosted
 
 
-def _stop(server: AdminServer, remove_listener: Callable[[], None]) -> None:
-    remove_listener()
+def _stop(server: AdminServer, removes: Sequence[Callable[[], None]], telemetry: Telemetry) -> None:
+    for remove in removes:
+        remove()
     # RuntimeError: the last reference went on the server's own thread, which
     # cannot join itself; stop() has told it to exit, and it does once this
     # returns
     with contextlib.suppress(RuntimeError):
         server.stop()
+    telemetry.shutdown()

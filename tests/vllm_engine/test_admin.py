@@ -1,20 +1,24 @@
 """kvoffload's admin API inside a real vLLM 0.11.2 engine (``admin_port``):
 what it shows matches what vLLM did, a live policy switch between two
-``generate`` calls, vLLM's KV events unchanged, resets that cannot break a
-load, and a server that lives and dies with the engine."""
+``generate`` calls, the same over OTLP, vLLM's KV events unchanged, resets
+that cannot break a load, and a server that lives and dies with the engine."""
 
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+# tests/ is on the path (pytest's rootdir-based imports): the main suite's receiver
+from instrumentation.otlp_receiver import Receiver, attrs, running_receiver
 
 from kvoffload import ConfigError
 from kvoffload.instrumentation.catalogue import METRICS
@@ -68,8 +72,19 @@ def metric(url: str, sample: str) -> float:
     raise AssertionError(f"{sample} not in /metrics")
 
 
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver the engine's kvoffload exports to, every span sampled."""
+    with running_receiver() as r:
+        for key in [k for k in os.environ if k.startswith("OTEL_")]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", r.url)
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+        yield r
+
+
 def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_generates(
-    model_dir: Path, baseline: Run, monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, baseline: Run, monkeypatch: pytest.MonkeyPatch, receiver: Receiver
 ) -> None:
     monkeypatch.setenv("KVOFFLOAD_ADMIN_TOKEN", ADMIN)
     seen: dict[str, Any] = {}
@@ -153,6 +168,22 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
         httpx.get(f"{seen['url']}/v1/cache")
     with socket.socket() as s:
         s.bind(("127.0.0.1", PORT))
+
+    # OTLP (flushed as the server stopped): the switch as an admin span, each
+    # load job vLLM ran as a transfer span, and the catalogue as metrics
+    spans = receiver.spans()
+    (switch,) = [s for s in spans if s.name == "kvoffload.admin.switch_policy"]
+    assert attrs(switch.attributes)["kvoffload.admin.outcome"] == "applied"
+    assert attrs(switch.attributes)["kvoffload.policy"] == "arc"
+    transfers = [attrs(s.attributes) for s in spans if s.name == "kvoffload.transfer"]
+    load_spans = [t for t in transfers if t["kvoffload.transfer.direction"] == "load"]
+    assert len(load_spans) == len(loads)
+    assert sum(t["kvoffload.transfer.blocks"] for t in load_spans) == PREFIX_BLOCKS
+    assert any(t["kvoffload.transfer.direction"] == "store" for t in transfers)
+    _, points = receiver.metric_exports()[-1]
+    assert points["kvoffload_policy_info"] == [({"policy": "arc"}, 1)]
+    jobs = {(p["direction"], p["outcome"]): v for p, v in points["kvoffload_transfer_jobs"]}
+    assert jobs[("load", "ok")] == len(loads)
 
 
 def test_engine_vllm_kv_events_unchanged_while_v1_events_reads_them_all(
@@ -247,6 +278,20 @@ def test_engine_start_fails_naming_admin_port_when_it_is_taken(model_dir: Path) 
     # twice)
     run = run_workload(model_dir, kvoffload_extra(num_cpu_blocks=BIG_TIER, admin_port=0))
     assert run.stats is not None and run.stats.counters.store_blocks["stored"] > 0
+
+
+def test_engine_refuses_an_otlp_protocol_it_cannot_export_over(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    with pytest.raises(ConfigError) as info:
+        make_llm(model_dir, kvoffload_extra(num_cpu_blocks=8, admin_port=0))
+    assert str(info.value).startswith(
+        "kvoffload admin server (admin_port 0 of kv_connector_extra_config): "
+        "OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not a protocol kvoffload exports"
+    )
+    assert live_admin_servers() == []
 
 
 def test_a_second_engine_in_the_process_is_refused_saying_why(model_dir: Path) -> None:
