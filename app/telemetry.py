@@ -15,7 +15,8 @@ and returns a :class:`Telemetry` holding the providers to hand to
   gRPC where ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the signal's own
   ``OTEL_EXPORTER_OTLP_{TRACES,LOGS,METRICS}_PROTOCOL``) says ``grpc`` (the
   ``otlp-grpc`` extra); any other protocol is a :class:`ConfigError`, as is
-  ``grpc`` without that extra, raised before anything is built;
+  ``grpc`` without that extra or an endpoint that is no http(s) URL, raised
+  before anything is built;
 - ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (read by
   the SDK itself); unset, the sampler is ``parentbased_traceidratio`` at
   :data:`DEFAULT_SAMPLING_RATIO`. Either way admin-action spans are always
@@ -36,6 +37,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LoggerProvider
@@ -96,13 +98,40 @@ def _env(environ: Mapping[str, str], name: str) -> str:
     return environ.get(name, "").strip()
 
 
+def _endpoint(signal: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, value) of the OTLP endpoint set for ``signal``: its own, else
+    the common one; ``None`` when neither is set."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if value := _env(environ, name):
+            return name, value
+    return None
+
+
 def endpoint_configured(signal: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether an OTLP endpoint is set for ``signal`` (traces, logs, metrics)."""
-    env = os.environ if environ is None else environ
-    return bool(
-        _env(env, f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-        or _env(env, "OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
+    return _endpoint(signal, os.environ if environ is None else environ) is not None
+
+
+def _check_endpoint(signal: str, environ: Mapping[str, str]) -> None:
+    """:class:`ConfigError` unless ``signal``'s endpoint is an http(s) URL
+    with a host: the exporters take anything and fail at every export
+    (``localhost:4318`` over HTTP: "no connection adapters"; over gRPC, a TLS
+    channel to it)."""
+    endpoint = _endpoint(signal, environ)
+    if endpoint is None:
+        return
+    name, value = endpoint
+    url = urlsplit(value)
+    try:
+        # .port raises for a port that is no number (or out of range)
+        ok = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"{name}={value!r} is not an http:// or https:// URL with a host: write "
+            "http://HOST:PORT for a collector without TLS, https://HOST:PORT with TLS"
+        )
 
 
 def _wanted(signal: str, environ: Mapping[str, str]) -> bool:
@@ -353,7 +382,8 @@ def setup_telemetry(
     Raises:
         ConfigError: a signal to export names a protocol other than
             ``http/protobuf`` or ``grpc``, or ``grpc`` without the gRPC
-            exporter installed (the ``otlp-grpc`` extra); nothing is built.
+            exporter installed (the ``otlp-grpc`` extra), or an endpoint that
+            is not an http(s) URL with a host; nothing is built.
     """
     env = os.environ
     if _disabled(env):
@@ -365,6 +395,8 @@ def setup_telemetry(
     # over is an error with nothing built. Imported here so that a service
     # without an endpoint never loads them.
     protocols = {s: _protocol(s, env) for s in wanted}
+    for signal in wanted:
+        _check_endpoint(signal, env)
     exporters = {s: _exporter(s, protocol) for s, protocol in protocols.items()}
 
     resource = _resource(service_version)

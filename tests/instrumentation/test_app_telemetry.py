@@ -410,6 +410,46 @@ def test_a_protocol_it_cannot_export_over_is_an_error(
     assert not setup_telemetry().exporting
 
 
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:4318"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:43x8"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318/v1/traces"),
+    ],
+)
+def test_an_endpoint_that_is_no_http_url_is_an_error(
+    clean_env: pytest.MonkeyPatch, protocol: str, variable: str, value: str
+) -> None:
+    # the exporters took it and failed at every export ("No connection
+    # adapters were found for 'localhost:4318/v1/traces'" over HTTP, and a
+    # shutdown that still said all was flushed)
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    clean_env.setenv(variable, value)
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry()
+    assert str(err.value) == (
+        f"{variable}={value!r} is not an http:// or https:// URL with a host: write "
+        "http://HOST:PORT for a collector without TLS, https://HOST:PORT with TLS"
+    )
+
+
+def test_an_endpoint_is_checked_only_for_a_signal_it_exports(
+    clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector.example:4318")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "not a url")
+    clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")  # no export at shutdown either
+    telemetry = setup_telemetry()  # builds; connects to nothing until an export
+    telemetry_teardown.append(telemetry)
+    assert telemetry.tracer_provider is not None and telemetry.logger_provider is None
+
+
 def test_grpc_without_its_exporter_names_the_extra(clean_env: pytest.MonkeyPatch) -> None:
     package = "opentelemetry.exporter.otlp.proto.grpc"
     for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
