@@ -17,8 +17,10 @@ and returns a :class:`Telemetry` holding the providers to hand to
   ``otlp-grpc`` extra); any other protocol is a :class:`ConfigError`, as is
   ``grpc`` without that extra or an endpoint that is no http(s) URL, raised
   before anything is built;
-- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (read by
-  the SDK itself); unset, the sampler is ``parentbased_traceidratio`` at
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (the
+  SDK's six samplers; another name, or a ratio that is no number from 0 to 1,
+  is a :class:`ConfigError` where the SDK would sample every trace); unset,
+  the sampler is ``parentbased_traceidratio`` at
   :data:`DEFAULT_SAMPLING_RATIO`. Either way admin-action spans are always
   sampled (:class:`AdminAlwaysSampler` wraps the sampler chosen).
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
+import math
 import os
 import threading
 import uuid
@@ -53,6 +56,7 @@ from opentelemetry.sdk.resources import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
     ALWAYS_ON,
     ParentBased,
     Sampler,
@@ -256,15 +260,53 @@ class AdminAlwaysSampler(Sampler):
         return f"AdminAlwaysSampler{{{self._delegate.get_description()}}}"
 
 
-def _tracer_provider(
-    environ: Mapping[str, str], resource: Resource, default_ratio: float
-) -> TracerProvider:
-    """A provider whose sampler is the one OTEL_TRACES_SAMPLER(_ARG) name (the
-    SDK reads them itself when given no sampler), or the default ratio when
-    unset, wrapped so that admin actions are always sampled."""
-    configured = _env(environ, "OTEL_TRACES_SAMPLER")
-    chosen = None if configured else ParentBased(TraceIdRatioBased(default_ratio))
-    provider = TracerProvider(resource=resource, sampler=chosen, shutdown_on_exit=False)
+#: OTEL_TRACES_SAMPLER's values (the SDK's; it took any other name for
+#: parentbased_always_on, every step traced)
+_SAMPLERS = {
+    "always_on": ALWAYS_ON,
+    "always_off": ALWAYS_OFF,
+    "parentbased_always_on": ParentBased(ALWAYS_ON),
+    "parentbased_always_off": ParentBased(ALWAYS_OFF),
+    "traceidratio": None,
+    "parentbased_traceidratio": None,
+}
+
+
+def _sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler:
+    """The sampler OTEL_TRACES_SAMPLER(_ARG) name, or the default ratio
+    (parent-based) when unset. :class:`ConfigError` for a name the SDK does
+    not know or a ratio that is no number from 0 to 1, where the SDK would
+    warn and sample every trace."""
+    raw = _env(environ, "OTEL_TRACES_SAMPLER")
+    if not raw:
+        return ParentBased(TraceIdRatioBased(default_ratio))
+    name = raw.lower()  # as the SDK reads it
+    if name not in _SAMPLERS:
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER={raw!r} is not a sampler kvoffload can use: one of "
+            f"{', '.join(_SAMPLERS)} (unset: parentbased_traceidratio at {default_ratio:g})"
+        )
+    fixed = _SAMPLERS[name]
+    if fixed is not None:
+        return fixed
+    arg = _env(environ, "OTEL_TRACES_SAMPLER_ARG")
+    try:
+        ratio = float(arg) if arg else 1.0  # the specification's default
+    except ValueError:
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a sampling ratio for {name}: a number "
+            f"from 0 to 1 ({default_ratio:g}: one trace in {round(1 / default_ratio)})"
+        )
+    ratio_sampler = TraceIdRatioBased(ratio)
+    return ParentBased(ratio_sampler) if name.startswith("parentbased_") else ratio_sampler
+
+
+def _tracer_provider(resource: Resource, sampler: Sampler) -> TracerProvider:
+    """A provider with ``sampler``, wrapped so that admin actions are always
+    sampled."""
+    provider = TracerProvider(resource=resource, sampler=sampler, shutdown_on_exit=False)
     # before any tracer exists: each tracer takes the provider's sampler when made
     provider.sampler = AdminAlwaysSampler(provider.sampler)
     return provider
@@ -382,8 +424,10 @@ def setup_telemetry(
     Raises:
         ConfigError: a signal to export names a protocol other than
             ``http/protobuf`` or ``grpc``, or ``grpc`` without the gRPC
-            exporter installed (the ``otlp-grpc`` extra), or an endpoint that
-            is not an http(s) URL with a host; nothing is built.
+            exporter installed (the ``otlp-grpc`` extra), an endpoint that is
+            not an http(s) URL with a host, or an ``OTEL_TRACES_SAMPLER``
+            (``_ARG``) the SDK would have replaced by sampling every trace;
+            nothing is built.
     """
     env = os.environ
     if _disabled(env):
@@ -391,18 +435,19 @@ def setup_telemetry(
     wanted = [s for s in _SIGNALS if (metrics or s != "metrics") and _wanted(s, env)]
     if not wanted:
         return Telemetry()
-    # Every exporter before any provider: a protocol that cannot be exported
-    # over is an error with nothing built. Imported here so that a service
-    # without an endpoint never loads them.
+    # Every setting checked and every exporter found before any provider is
+    # built: a bad one is an error with nothing started. (The exporters are
+    # imported here so that a service without an endpoint never loads them.)
     protocols = {s: _protocol(s, env) for s in wanted}
     for signal in wanted:
         _check_endpoint(signal, env)
+    sampler = _sampler(env, default_sampling_ratio) if "traces" in protocols else None
     exporters = {s: _exporter(s, protocol) for s, protocol in protocols.items()}
 
     resource = _resource(service_version)
     telemetry = Telemetry(resource=resource)
-    if "traces" in exporters:
-        tp = _tracer_provider(env, resource, default_sampling_ratio)
+    if sampler is not None:
+        tp = _tracer_provider(resource, sampler)
         tp.add_span_processor(BatchSpanProcessor(exporters["traces"]()))
         telemetry.tracer_provider = tp
     if "logs" in exporters:

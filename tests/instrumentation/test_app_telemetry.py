@@ -450,6 +450,72 @@ def test_an_endpoint_is_checked_only_for_a_signal_it_exports(
     assert telemetry.tracer_provider is not None and telemetry.logger_provider is None
 
 
+@pytest.mark.parametrize(
+    ("sampler", "arg", "message"),
+    [
+        (
+            "nonsense",
+            None,
+            "OTEL_TRACES_SAMPLER='nonsense' is not a sampler kvoffload can use: one of "
+            "always_on, always_off, parentbased_always_on, parentbased_always_off, "
+            "traceidratio, parentbased_traceidratio (unset: parentbased_traceidratio at 0.01)",
+        ),
+        ("traceidratio", "abc", "OTEL_TRACES_SAMPLER_ARG='abc' is not a sampling ratio"),
+        ("traceidratio", "2", "OTEL_TRACES_SAMPLER_ARG='2' is not a sampling ratio"),
+        ("parentbased_traceidratio", "-0.1", "OTEL_TRACES_SAMPLER_ARG='-0.1' is not a"),
+        ("parentbased_traceidratio", "nan", "OTEL_TRACES_SAMPLER_ARG='nan' is not a"),
+    ],
+)
+def test_a_sampler_the_sdk_would_replace_by_always_on_is_an_error(
+    clean_env: pytest.MonkeyPatch, sampler: str, arg: str | None, message: str
+) -> None:
+    # the SDK warned and sampled every trace: hundreds of step spans a second
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    threads_before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry()
+    assert str(err.value).startswith(message)
+    assert {t.ident for t in threading.enumerate()} <= threads_before  # nothing built
+    # traces not exported: the sampler is not asked about
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "none")
+    clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert not setup_telemetry().exporting
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "description"),
+    [
+        ("TraceIdRatio", None, "TraceIdRatioBased{1.0}"),  # the specification's default
+        ("traceidratio", " 0.5 ", "TraceIdRatioBased{0.5}"),
+        ("parentbased_always_off", "abc", "ParentBased{root:AlwaysOffSampler"),  # arg unused
+        ("ALWAYS_ON", None, "AlwaysOnSampler"),
+    ],
+)
+def test_samplers_read_as_the_sdk_reads_them(
+    clean_env: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    telemetry_teardown: list[Telemetry],
+    sampler: str,
+    arg: str | None,
+    description: str,
+) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    clean_env.setenv("OTEL_TRACES_SAMPLER", sampler)
+    if arg is not None:
+        clean_env.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    telemetry = setup_telemetry()
+    telemetry_teardown.append(telemetry)
+    assert telemetry.tracer_provider is not None
+    got = telemetry.tracer_provider.sampler.get_description()
+    assert got.startswith(f"AdminAlwaysSampler{{{description}"), got
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 def test_grpc_without_its_exporter_names_the_extra(clean_env: pytest.MonkeyPatch) -> None:
     package = "opentelemetry.exporter.otlp.proto.grpc"
     for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
