@@ -26,7 +26,10 @@ and returns a :class:`Telemetry` holding the providers to hand to
 
 The exporters read the other OTLP variables themselves (headers, timeout,
 compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
-``OTEL_BLRP_*``. Global providers are left alone unless ``set_global=True``.
+``OTEL_BLRP_*``; :mod:`app.otel_settings` checks each of them first, so that
+one they would replace by a default, skip or fail on at every export is a
+:class:`ConfigError` instead. Global providers are left alone unless
+``set_global=True``.
 """
 
 from __future__ import annotations
@@ -34,13 +37,11 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
-import math
 import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LoggerProvider
@@ -56,17 +57,15 @@ from opentelemetry.sdk.resources import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
     ALWAYS_ON,
-    ParentBased,
     Sampler,
     SamplingResult,
-    TraceIdRatioBased,
 )
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
+from app import otel_settings as otel
 from kvoffload._version import __version__
 from kvoffload.errors import ConfigError
 from kvoffload.instrumentation.tracing import TracingObserver
@@ -87,10 +86,7 @@ DEFAULT_SERVICE_NAME = "kvoffload"
 DEFAULT_SAMPLING_RATIO = 0.01
 
 _SIGNALS = ("traces", "logs", "metrics")
-_DEFAULT_PROTOCOL = "http/protobuf"
-#: OTLP protocols: the exporter package of each (opentelemetry.exporter.otlp.proto.*)
-_PROTOCOLS = {"http/protobuf": "http", "grpc": "grpc"}
-#: each signal's exporter: module in that package, class
+#: each signal's exporter: module in the protocol's package, class
 _EXPORTERS = {
     "traces": ("trace_exporter", "OTLPSpanExporter"),
     "logs": ("_log_exporter", "OTLPLogExporter"),
@@ -98,80 +94,9 @@ _EXPORTERS = {
 }
 
 
-def _env(environ: Mapping[str, str], name: str) -> str:
-    return environ.get(name, "").strip()
-
-
-def _endpoint(signal: str, environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """(variable, value) of the OTLP endpoint set for ``signal``: its own, else
-    the common one; ``None`` when neither is set."""
-    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
-        if value := _env(environ, name):
-            return name, value
-    return None
-
-
 def endpoint_configured(signal: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether an OTLP endpoint is set for ``signal`` (traces, logs, metrics)."""
-    return _endpoint(signal, os.environ if environ is None else environ) is not None
-
-
-def _check_endpoint(signal: str, environ: Mapping[str, str]) -> None:
-    """:class:`ConfigError` unless ``signal``'s endpoint is an http(s) URL
-    with a host: the exporters take anything and fail at every export
-    (``localhost:4318`` over HTTP: "no connection adapters"; over gRPC, a TLS
-    channel to it)."""
-    endpoint = _endpoint(signal, environ)
-    if endpoint is None:
-        return
-    name, value = endpoint
-    url = urlsplit(value)
-    try:
-        # .port raises for a port that is no number (or out of range)
-        ok = url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(
-            f"{name}={value!r} is not an http:// or https:// URL with a host: write "
-            "http://HOST:PORT for a collector without TLS, https://HOST:PORT with TLS"
-        )
-
-
-def _wanted(signal: str, environ: Mapping[str, str]) -> bool:
-    """Export ``signal``? An endpoint is set and its exporter is not ``none``."""
-    if not endpoint_configured(signal, environ):
-        return False
-    exporter = _env(environ, f"OTEL_{signal.upper()}_EXPORTER").lower() or "otlp"
-    names = {n.strip() for n in exporter.split(",") if n.strip()}
-    if names == {"none"}:
-        return False
-    if "otlp" not in names:
-        logger.warning(
-            "OTEL_%s_EXPORTER=%s is not supported (only otlp or none); %s are not exported",
-            signal.upper(),
-            exporter,
-            signal,
-        )
-        return False
-    return True
-
-
-def _protocol(signal: str, environ: Mapping[str, str]) -> str:
-    """The OTLP protocol ``signal`` is exported over: its own variable, else
-    the common one, else HTTP/protobuf. :class:`ConfigError` for another."""
-    for name in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        value = _env(environ, name)
-        if not value:
-            continue
-        if value not in _PROTOCOLS:
-            raise ConfigError(
-                f"{name}={value!r} is not a protocol kvoffload exports {signal} over: use "
-                "'http/protobuf' (the default; a collector's OTLP/HTTP port, usually 4318) "
-                "or 'grpc' (its OTLP/gRPC port, usually 4317)"
-            )
-        return value
-    return _DEFAULT_PROTOCOL
+    return otel.endpoint(signal, environ) is not None
 
 
 def _exporter(signal: str, protocol: str) -> type:
@@ -179,7 +104,7 @@ def _exporter(signal: str, protocol: str) -> type:
     :class:`ConfigError` when it is ``grpc`` and the gRPC exporter is not
     installed."""
     module, name = _EXPORTERS[signal]
-    package = f"opentelemetry.exporter.otlp.proto.{_PROTOCOLS[protocol]}"
+    package = f"opentelemetry.exporter.otlp.proto.{otel.PROTOCOLS[protocol]}"
     try:
         exporter: type = getattr(importlib.import_module(f"{package}.{module}"), name)
     except ImportError as exc:
@@ -194,7 +119,7 @@ def _exporter(signal: str, protocol: str) -> type:
 
 
 def _disabled(environ: Mapping[str, str]) -> bool:
-    return _env(environ, "OTEL_SDK_DISABLED").lower() == "true"
+    return otel.env(environ, "OTEL_SDK_DISABLED").lower() == "true"
 
 
 _instance: tuple[int, str] | None = None
@@ -258,49 +183,6 @@ class AdminAlwaysSampler(Sampler):
 
     def get_description(self) -> str:
         return f"AdminAlwaysSampler{{{self._delegate.get_description()}}}"
-
-
-#: OTEL_TRACES_SAMPLER's values (the SDK's; it took any other name for
-#: parentbased_always_on, every step traced)
-_SAMPLERS = {
-    "always_on": ALWAYS_ON,
-    "always_off": ALWAYS_OFF,
-    "parentbased_always_on": ParentBased(ALWAYS_ON),
-    "parentbased_always_off": ParentBased(ALWAYS_OFF),
-    "traceidratio": None,
-    "parentbased_traceidratio": None,
-}
-
-
-def _sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler:
-    """The sampler OTEL_TRACES_SAMPLER(_ARG) name, or the default ratio
-    (parent-based) when unset. :class:`ConfigError` for a name the SDK does
-    not know or a ratio that is no number from 0 to 1, where the SDK would
-    warn and sample every trace."""
-    raw = _env(environ, "OTEL_TRACES_SAMPLER")
-    if not raw:
-        return ParentBased(TraceIdRatioBased(default_ratio))
-    name = raw.lower()  # as the SDK reads it
-    if name not in _SAMPLERS:
-        raise ConfigError(
-            f"OTEL_TRACES_SAMPLER={raw!r} is not a sampler kvoffload can use: one of "
-            f"{', '.join(_SAMPLERS)} (unset: parentbased_traceidratio at {default_ratio:g})"
-        )
-    fixed = _SAMPLERS[name]
-    if fixed is not None:
-        return fixed
-    arg = _env(environ, "OTEL_TRACES_SAMPLER_ARG")
-    try:
-        ratio = float(arg) if arg else 1.0  # the specification's default
-    except ValueError:
-        ratio = math.nan
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError(
-            f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a sampling ratio for {name}: a number "
-            f"from 0 to 1 ({default_ratio:g}: one trace in {round(1 / default_ratio)})"
-        )
-    ratio_sampler = TraceIdRatioBased(ratio)
-    return ParentBased(ratio_sampler) if name.startswith("parentbased_") else ratio_sampler
 
 
 def _tracer_provider(resource: Resource, sampler: Sampler) -> TracerProvider:
@@ -432,16 +314,15 @@ def setup_telemetry(
     env = os.environ
     if _disabled(env):
         return Telemetry()
-    wanted = [s for s in _SIGNALS if (metrics or s != "metrics") and _wanted(s, env)]
+    wanted = [s for s in _SIGNALS if (metrics or s != "metrics") and otel.exported(s, env)]
     if not wanted:
         return Telemetry()
     # Every setting checked and every exporter found before any provider is
     # built: a bad one is an error with nothing started. (The exporters are
     # imported here so that a service without an endpoint never loads them.)
-    protocols = {s: _protocol(s, env) for s in wanted}
-    for signal in wanted:
-        _check_endpoint(signal, env)
-    sampler = _sampler(env, default_sampling_ratio) if "traces" in protocols else None
+    protocols = {s: otel.protocol(s, env) for s in wanted}
+    otel.check(protocols, env)
+    sampler = otel.sampler(env, default_sampling_ratio) if "traces" in protocols else None
     exporters = {s: _exporter(s, protocol) for s, protocol in protocols.items()}
 
     resource = _resource(service_version)

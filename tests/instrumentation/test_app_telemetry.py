@@ -347,16 +347,23 @@ def test_telemetry_sdk_disabled_exports_nothing(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
-def test_telemetry_unsupported_exporter_is_a_warning(
-    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("exporter", ["zipkin", "otlp,console", "console"])
+def test_an_exporter_other_than_otlp_is_an_error(
+    clean_env: pytest.MonkeyPatch, exporter: str
 ) -> None:
+    # it was a warning and the signal off: an operator who asked for zipkin
+    # or the console got nothing, and "otlp,console" silently no console
     clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    clean_env.setenv("OTEL_TRACES_EXPORTER", "zipkin")
-    clean_env.setenv("OTEL_LOGS_EXPORTER", "none")
-    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
-    telemetry = setup_telemetry()
-    assert not telemetry.exporting
-    assert any("zipkin" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    clean_env.setenv("OTEL_TRACES_EXPORTER", exporter)
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry()
+    assert str(err.value) == (
+        f"OTEL_TRACES_EXPORTER={exporter!r} is not an exporter kvoffload has: 'otlp' (the "
+        "default, to the endpoint set) or 'none' (no traces)"
+    )
+    # with no endpoint nothing is exported, and nothing asked
+    clean_env.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert not setup_telemetry().exporting
 
 
 def test_each_signal_may_name_its_own_protocol(
