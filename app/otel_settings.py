@@ -196,8 +196,10 @@ def _check_endpoint(signal: str, environ: Mapping[str, str]) -> None:
     except ValueError:
         ok = False
     if not ok:
+        # what comes before an '@' may be credentials (user:token@host)
+        shown = "***@" + value.rpartition("@")[2] if "@" in value else value
         raise ConfigError(
-            f"{name}={value!r} is not an http:// or https:// URL with a host: write "
+            f"{name}={shown!r} is not an http:// or https:// URL with a host: write "
             "http://HOST:PORT for a collector without TLS, https://HOST:PORT with TLS"
         )
 

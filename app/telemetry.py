@@ -14,22 +14,18 @@ and returns a :class:`Telemetry` holding the providers to hand to
   costs the engine nothing but dropped telemetry: over HTTP/protobuf, or over
   gRPC where ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the signal's own
   ``OTEL_EXPORTER_OTLP_{TRACES,LOGS,METRICS}_PROTOCOL``) says ``grpc`` (the
-  ``otlp-grpc`` extra); any other protocol is a :class:`ConfigError`, as is
-  ``grpc`` without that extra or an endpoint that is no http(s) URL, raised
-  before anything is built;
-- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured (the
-  SDK's six samplers; another name, or a ratio that is no number from 0 to 1,
-  is a :class:`ConfigError` where the SDK would sample every trace); unset,
+  ``otlp-grpc`` extra);
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` are honoured; unset,
   the sampler is ``parentbased_traceidratio`` at
   :data:`DEFAULT_SAMPLING_RATIO`. Either way admin-action spans are always
   sampled (:class:`AdminAlwaysSampler` wraps the sampler chosen).
 
 The exporters read the other OTLP variables themselves (headers, timeout,
 compression, certificates), and the batch processors read ``OTEL_BSP_*`` /
-``OTEL_BLRP_*``; :mod:`app.otel_settings` checks each of them first, so that
-one they would replace by a default, skip or fail on at every export is a
-:class:`ConfigError` instead. Global providers are left alone unless
-``set_global=True``.
+``OTEL_BLRP_*``. :mod:`app.otel_settings` checks every setting of an exported
+signal first: one the SDK would replace by a default, skip or fail on at
+every export is a :class:`ConfigError`, raised before anything is built.
+Global providers are left alone unless ``set_global=True``.
 """
 
 from __future__ import annotations
@@ -304,11 +300,9 @@ def setup_telemetry(
             globals (for third-party instrumentation; kvoffload never needs it).
 
     Raises:
-        ConfigError: a signal to export names a protocol other than
-            ``http/protobuf`` or ``grpc``, or ``grpc`` without the gRPC
-            exporter installed (the ``otlp-grpc`` extra), an endpoint that is
-            not an http(s) URL with a host, or an ``OTEL_TRACES_SAMPLER``
-            (``_ARG``) the SDK would have replaced by sampling every trace;
+        ConfigError: an ``OTEL_*`` setting of a signal to export that the
+            SDK would not use as given (:mod:`app.otel_settings`), or ``grpc``
+            without the gRPC exporter installed (the ``otlp-grpc`` extra);
             nothing is built.
     """
     env = os.environ

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -240,9 +240,21 @@ async def stream_events(
     last_event_id: Annotated[
         _OptionalCursor,
         BeforeValidator(_blank_is_none),
+        # the schema says the blank is taken too: a client (and a fuzzer)
+        # reads that "" is no cursor, not an integer wrongly accepted
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
+                    {"const": ""},
+                ],
+                "title": "Last-Event-Id",
+            }
+        ),
         Header(
             alias="Last-Event-ID",
-            description="the seq of the last record received; resume after it",
+            description="the seq of the last record received; resume after it (blank: no "
+            "cursor, as if absent)",
         ),
     ] = None,
 ) -> EventSourceResponse:

@@ -445,6 +445,14 @@ def test_an_endpoint_that_is_no_http_url_is_an_error(
     )
 
 
+def test_the_credentials_of_a_bad_endpoint_are_not_shown(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "user:s3cret@collector:4318")
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry()
+    assert "s3cret" not in str(err.value)
+    assert str(err.value).startswith("OTEL_EXPORTER_OTLP_ENDPOINT='***@collector:4318' is not")
+
+
 def test_an_endpoint_is_checked_only_for_a_signal_it_exports(
     clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
