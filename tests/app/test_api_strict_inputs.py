@@ -333,6 +333,11 @@ def test_an_optional_body_has_plain_issues(
 def test_an_empty_last_event_id_is_no_cursor(client: TestClient) -> None:
     r = client.get("/v1/events/stream?limit=1", headers={"Last-Event-ID": ""})
     assert r.status_code == 200 and "id: " in r.text
+    # and the schema says so (the fuzzer of test_api_schema.py once sent a
+    # blank one as invalid data, and saw it accepted)
+    operation = client.get("/openapi.json").json()["paths"]["/v1/events/stream"]["get"]
+    (header,) = [p for p in operation["parameters"] if p["name"] == "Last-Event-ID"]
+    assert {"const": ""} in header["schema"]["anyOf"]
 
 
 def test_two_authorization_headers_are_refused(client: TestClient) -> None:
