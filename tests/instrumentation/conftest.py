@@ -7,6 +7,7 @@ global provider or registers on the global Prometheus registry.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -75,3 +76,12 @@ def otel() -> Iterator[OTel]:
     yield o
     o.tracer_provider.shutdown()
     o.logger_provider.shutdown()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No OTEL_* variable set (for app.telemetry's tests, which read them)."""
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    return monkeypatch

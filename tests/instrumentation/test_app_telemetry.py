@@ -37,14 +37,6 @@ def receiver() -> Iterator[Receiver]:
         yield r
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for key in list(os.environ):
-        if key.startswith("OTEL_"):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
 #: each OTLP protocol: its receiver, and the path (HTTP) or method (gRPC) of each
 #: signal's export
 PROTOCOLS = {

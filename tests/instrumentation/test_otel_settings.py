@@ -16,14 +16,10 @@ ENDPOINT = "http://127.0.0.1:9"
 
 
 @pytest.fixture
-def otel_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+def otel_env(clean_env: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No OTEL_* but an endpoint that takes every signal."""
-    import os
-
-    for key in [k for k in os.environ if k.startswith("OTEL_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", ENDPOINT)
-    return monkeypatch
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", ENDPOINT)
+    return clean_env
 
 
 @pytest.mark.parametrize(
