@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_PROTOCOL",
     "PROTOCOLS",
     "check",
+    "destination",
     "endpoint",
     "env",
     "exported",
@@ -113,6 +114,17 @@ def exported(signal: str, environ: Mapping[str, str]) -> bool:
     return True
 
 
+def destination(signal: str, environ: Mapping[str, str]) -> str:
+    """Where ``signal`` goes, for a log line: its endpoint's scheme, host and
+    port only (no user, path or query, which may carry credentials)."""
+    setting = endpoint(signal, environ)
+    if setting is None:
+        return "nowhere"
+    url = urlsplit(setting[1])
+    port = f":{url.port}" if url.port else ""
+    return f"{url.scheme}://{url.hostname}{port}"
+
+
 def protocol(signal: str, environ: Mapping[str, str]) -> str:
     """The OTLP protocol ``signal`` is exported over: its own variable, else
     the common one, else HTTP/protobuf. :class:`ConfigError` for another."""
@@ -129,14 +141,17 @@ def protocol(signal: str, environ: Mapping[str, str]) -> str:
     return value
 
 
-def sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler:
+def sampler(environ: Mapping[str, str], default_ratio: float) -> tuple[Sampler, str]:
     """The sampler OTEL_TRACES_SAMPLER(_ARG) name, or the default ratio
-    (parent-based) when unset. :class:`ConfigError` for a name the SDK does
-    not know or a ratio that is no number from 0 to 1, where the SDK would
-    warn and sample every trace."""
+    (parent-based) when unset, and its name in a few words. :class:`ConfigError`
+    for a name the SDK does not know or a ratio that is no number from 0 to 1,
+    where the SDK would warn and sample every trace."""
     raw = env(environ, "OTEL_TRACES_SAMPLER")
     if not raw:
-        return ParentBased(TraceIdRatioBased(default_ratio))
+        return (
+            ParentBased(TraceIdRatioBased(default_ratio)),
+            f"parentbased_traceidratio {default_ratio:g}, the default",
+        )
     name = raw.lower()  # as the SDK reads it
     if name not in _SAMPLERS:
         raise ConfigError(
@@ -145,7 +160,7 @@ def sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler:
         )
     fixed = _SAMPLERS[name]
     if fixed is not None:
-        return fixed
+        return fixed, name
     arg = env(environ, "OTEL_TRACES_SAMPLER_ARG")
     ratio = _number(arg) if arg else 1.0  # the specification's default
     if not 0.0 <= ratio <= 1.0:
@@ -154,7 +169,8 @@ def sampler(environ: Mapping[str, str], default_ratio: float) -> Sampler:
             f"from 0 to 1 ({default_ratio:g}: one trace in {round(1 / default_ratio)})"
         )
     ratio_sampler = TraceIdRatioBased(ratio)
-    return ParentBased(ratio_sampler) if name.startswith("parentbased_") else ratio_sampler
+    chosen = ParentBased(ratio_sampler) if name.startswith("parentbased_") else ratio_sampler
+    return chosen, f"{name} {ratio:g}"
 
 
 def check(protocols: Mapping[str, str], environ: Mapping[str, str]) -> None:

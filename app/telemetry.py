@@ -316,13 +316,13 @@ def setup_telemetry(
     # imported here so that a service without an endpoint never loads them.)
     protocols = {s: otel.protocol(s, env) for s in wanted}
     otel.check(protocols, env)
-    sampler = otel.sampler(env, default_sampling_ratio) if "traces" in protocols else None
+    sampling = otel.sampler(env, default_sampling_ratio) if "traces" in protocols else None
     exporters = {s: _exporter(s, protocol) for s, protocol in protocols.items()}
 
     resource = _resource(service_version)
     telemetry = Telemetry(resource=resource)
-    if sampler is not None:
-        tp = _tracer_provider(resource, sampler)
+    if sampling is not None:
+        tp = _tracer_provider(resource, sampling[0])
         tp.add_span_processor(BatchSpanProcessor(exporters["traces"]()))
         telemetry.tracer_provider = tp
     if "logs" in exporters:
@@ -341,8 +341,12 @@ def setup_telemetry(
     if set_global:
         _install_globals(telemetry)
     logger.info(
-        "OpenTelemetry export on: %s",
-        ", ".join(f"{s} over {protocol}" for s, protocol in protocols.items()),
+        "OpenTelemetry export on: %s%s",
+        ", ".join(
+            f"{s} over {protocol} to {otel.destination(s, env)}"
+            for s, protocol in protocols.items()
+        ),
+        f"; traces sampled by {sampling[1]} (admin actions always)" if sampling is not None else "",
     )
     return telemetry
 

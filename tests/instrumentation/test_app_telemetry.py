@@ -445,6 +445,27 @@ def test_the_credentials_of_a_bad_endpoint_are_not_shown(clean_env: pytest.Monke
     assert str(err.value).startswith("OTEL_EXPORTER_OTLP_ENDPOINT='***@collector:4318' is not")
 
 
+def test_the_start_up_line_says_where_each_signal_goes_without_credentials(
+    clean_env: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    telemetry_teardown: list[Telemetry],
+) -> None:
+    clean_env.setenv(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", "https://user:s3cret@collector.example:4318/x?key=s3cret"
+    )
+    clean_env.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "http://logs.example:4318/v1/logs")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_LOGS_PROTOCOL", "grpc")
+    clean_env.setenv("OTEL_METRICS_EXPORTER", "none")
+    with caplog.at_level(logging.INFO, logger="app.telemetry"):
+        telemetry_teardown.append(setup_telemetry())
+    (line,) = [r.getMessage() for r in caplog.records if "export on" in r.getMessage()]
+    assert line == (
+        "OpenTelemetry export on: traces over http/protobuf to https://collector.example:4318, "
+        "logs over grpc to http://logs.example:4318; traces sampled by "
+        "parentbased_traceidratio 0.01, the default (admin actions always)"
+    )
+
+
 def test_an_endpoint_is_checked_only_for_a_signal_it_exports(
     clean_env: pytest.MonkeyPatch, telemetry_teardown: list[Telemetry]
 ) -> None:
