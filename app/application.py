@@ -154,8 +154,9 @@ def start_engine(
 ) -> tuple[Engine, PrometheusObserver]:
     """Build the engine with its Prometheus and tracing observers and start
     it; raises the library's error when the settings do not make an engine."""
-    prometheus = PrometheusObserver()
     tracing = telemetry.tracing_observer()
+    # the step and transfer histograms carry the trace of sampled steps
+    prometheus = PrometheusObserver(exemplars=tracing.exemplar)
     engine = factory(settings, (prometheus, tracing))
     tracing.watch_event_log(engine.event_log)
     engine.start()

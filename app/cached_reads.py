@@ -17,22 +17,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth import check_read
 from app.errors import ApiError
-from app.state import ServiceState
+from app.state import METRICS_FORMATS, ServiceState, metrics_format
 
 __all__ = ["CACHE_MEDIA_TYPE", "CachedReads"]
 
 CACHE_MEDIA_TYPE = "application/json"
 
-#: path -> (the body of the current view, its content type)
-_READS: dict[str, tuple[Callable[[ServiceState], bytes], bytes]] = {
-    "/v1/cache": (ServiceState.cache_json, CACHE_MEDIA_TYPE.encode()),
-    "/metrics": (ServiceState.metrics_text, CONTENT_TYPE_LATEST.encode()),
+
+def _cache(service: ServiceState, request: Request) -> tuple[bytes, str]:
+    return service.cache_json(), CACHE_MEDIA_TYPE
+
+
+def _metrics(service: ServiceState, request: Request) -> tuple[bytes, str]:
+    fmt = metrics_format(request.headers.get("accept"))  # as the route chooses
+    return service.metrics_text(fmt), METRICS_FORMATS[fmt][0]
+
+
+#: path -> the body of the current view and its content type
+_READS: dict[str, Callable[[ServiceState, Request], tuple[bytes, str]]] = {
+    "/v1/cache": _cache,
+    "/metrics": _metrics,
 }
 
 
@@ -57,11 +66,10 @@ class CachedReads:
         if service is None:
             await self.app(scope, receive, send)
             return
-        render, media_type = read
-        body = render(service)
+        body, media_type = read(service, request)
         headers = [
             (b"content-length", str(len(body)).encode()),
-            (b"content-type", media_type),
+            (b"content-type", media_type.encode()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

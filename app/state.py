@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import NoOpTracer, Tracer
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from app.models import CacheView
 from app.settings import Settings
@@ -105,6 +106,39 @@ class MetricsCache:
         self._entry = (view, answered, time.monotonic(), body)
 
 
+#: the expositions ``/metrics`` serves: name -> (content type, renderer).
+#: Only OpenMetrics has exemplars (the trace of a step in a histogram bucket).
+METRICS_FORMATS: dict[str, tuple[str, Callable[[CollectorRegistry], bytes]]] = {
+    "text": (CONTENT_TYPE_LATEST, generate_latest),
+    "openmetrics": (openmetrics.CONTENT_TYPE_LATEST, openmetrics.generate_latest),
+}
+
+
+def metrics_format(accept: str | None) -> str:
+    """``"openmetrics"`` when ``accept`` (an Accept header) takes OpenMetrics
+    at least as gladly as the text format (Prometheus asks for it first),
+    else ``"text"``, the default."""
+    best = {"openmetrics": 0.0, "text": 0.0}
+    for item in (accept or "").split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        kind = {"application/openmetrics-text": "openmetrics", "text/plain": "text"}.get(
+            media.lower(), "text" if media in ("*/*", "text/*") else None
+        )
+        if kind is not None:
+            best[kind] = max(best[kind], q)
+    return (
+        "openmetrics" if best["openmetrics"] > 0 and best["openmetrics"] >= best["text"] else "text"
+    )
+
+
 class StreamSlots:
     """At most ``limit`` event streams at once. Taken and given back on the
     event loop's thread only, so a plain counter does."""
@@ -137,7 +171,10 @@ class ServiceState:
     #: spans for admin actions (a no-op tracer when nothing is exported)
     tracer: Tracer = field(default_factory=NoOpTracer)
     cache_body: SnapshotCache = field(default_factory=SnapshotCache)
-    metrics_body: MetricsCache = field(default_factory=MetricsCache)
+    #: per exposition format (:data:`METRICS_FORMATS`)
+    metrics_bodies: dict[str, MetricsCache] = field(
+        default_factory=lambda: {name: MetricsCache() for name in METRICS_FORMATS}
+    )
     streams: StreamSlots = field(init=False)
     #: the admin API's own request counts (registered on ``registry``)
     api_metrics: ApiMetrics = field(init=False)
@@ -177,14 +214,16 @@ class ServiceState:
             self.cache_body.put(view, body)
         return body
 
-    def metrics_text(self) -> bytes:
-        """The ``/metrics`` exposition of the current view (see :class:`MetricsCache`).
+    def metrics_text(self, fmt: str = "text") -> bytes:
+        """The ``/metrics`` exposition of the current view in ``fmt`` (a key
+        of :data:`METRICS_FORMATS`; see :class:`MetricsCache`).
 
         Rendered inline: collection holds the GIL either way, a threadpool
         hop would only add a context switch."""
         view, answered = self.view(), self.api_metrics.answered
-        body = self.metrics_body.get(view, answered)
+        cache = self.metrics_bodies[fmt]
+        body = cache.get(view, answered)
         if body is None:
-            body = generate_latest(self.registry)
-            self.metrics_body.put(view, body, answered)
+            body = METRICS_FORMATS[fmt][1](self.registry)
+            cache.put(view, body, answered)
         return body

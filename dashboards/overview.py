@@ -375,12 +375,14 @@ def _transfers() -> list[Panel]:
         timeseries_panel(
             "Transfer latency",
             "Time from submitting a transfer job to seeing it finished: median, p90 and p99 by"
-            " direction.",
+            " direction; the p99 shows exemplars (the trace of a sampled step in which a job"
+            " finished) where OpenTelemetry traces are exported.",
             "s",
             [
                 Query(
                     quantile(q, "kvoffload_transfer_duration_seconds", "direction"),
                     f"{{{{direction}}}} p{round(q * 100)}",
+                    exemplar=q == 0.99,  # the traces of slow jobs' steps
                 )
                 for q in (0.5, 0.9, 0.99)
             ],
@@ -409,13 +411,16 @@ def _engine() -> list[Panel]:
         timeseries_panel(
             "Engine step time",
             "Wall time of one engine step (touch, lookup, load, compute, store, poll): mean,"
-            " median, p90 and p99.",
+            " median, p90 and p99; the p99 shows exemplars (the trace of a sampled step) where"
+            " OpenTelemetry traces are exported.",
             "s",
             [
                 Query(mean("kvoffload_runtime_step_duration_seconds"), "mean"),
                 *(
                     Query(
-                        quantile(q, "kvoffload_runtime_step_duration_seconds"), f"p{round(q * 100)}"
+                        quantile(q, "kvoffload_runtime_step_duration_seconds"),
+                        f"p{round(q * 100)}",
+                        exemplar=q == 0.99,  # the traces of slow steps
                     )
                     for q in (0.5, 0.9, 0.99)
                 ),

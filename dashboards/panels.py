@@ -81,10 +81,14 @@ def mean(histogram: str, by: str = "") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Query:
-    """One PromQL query and the legend its series get."""
+    """One PromQL query and the legend its series get; ``exemplar``: Grafana
+    also shows the exemplars of the histogram it reads (the trace of a
+    sampled engine step in a bucket; Prometheus keeps them with
+    ``--enable-feature=exemplar-storage``)."""
 
     expr: str
     legend: str = ""
+    exemplar: bool = False
 
 
 def metric_names(queries: Sequence[Query]) -> list[str]:
@@ -112,6 +116,8 @@ def _targets(
         target = target.instant() if instant else target.range()
         if query.legend:
             target = target.legend_format(query.legend)
+        if query.exemplar:
+            target = target.exemplar(True)
         targets.append(target)
     return targets
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.auth import GuardedRoute
 from app.deps import ReadAccess, ServiceDep
 from app.errors import error_responses
 from app.models import HealthView
+from app.state import METRICS_FORMATS, metrics_format
 
 __all__ = ["router"]
 
@@ -48,15 +48,23 @@ async def readyz(request: Request) -> Response:
 
 @router.get(
     "/metrics",
-    summary="Prometheus metrics (text exposition format)",
+    summary="Prometheus metrics (text format, or OpenMetrics with exemplars)",
+    description="The text exposition format; OpenMetrics when the Accept header prefers it "
+    "(Prometheus' does), with exemplars: the trace of a sampled engine step in the step and "
+    "transfer histograms' buckets.",
     response_class=Response,
     responses={
-        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+        200: {
+            "content": {
+                media: {"schema": {"type": "string"}} for media, _ in METRICS_FORMATS.values()
+            }
+        },
         **error_responses(401),
     },
 )
-async def metrics(_: ReadAccess, service: ServiceDep) -> Response:
+async def metrics(request: Request, _: ReadAccess, service: ServiceDep) -> Response:
     # Rendering costs about a millisecond of the engine's GIL time; see
     # MetricsCache for when the last rendering is reused. (A plain GET is
     # usually answered before it gets here: app.cached_reads.)
-    return Response(service.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+    fmt = metrics_format(request.headers.get("accept"))
+    return Response(service.metrics_text(fmt), media_type=METRICS_FORMATS[fmt][0])

@@ -24,6 +24,7 @@ import dataclasses
 import platform
 import re
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeAlias
@@ -35,6 +36,7 @@ from prometheus_client.metrics_core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from kvoffload._version import __version__
@@ -57,6 +59,7 @@ from kvoffload.table import IMPLEMENTATION
 __all__ = [
     "ApiMetrics",
     "ConfigLabelValue",
+    "ExemplarSource",
     "KVOffloadCollector",
     "PrometheusObserver",
     "SnapshotSource",
@@ -75,6 +78,8 @@ _RUNNING_STATES = frozenset({"running", "paused", "finished"})
 
 #: label values and value of one sample
 Sample: TypeAlias = tuple[Sequence[str], float]
+#: a histogram bucket: its le, its cumulative count, and maybe an exemplar
+Bucket: TypeAlias = tuple[str, float] | tuple[str, float, Exemplar]
 
 
 def _family(name: str, labels: Sequence[str] = (), samples: Iterable[Sample] = ()) -> Metric:
@@ -333,35 +338,46 @@ class KVOffloadCollector:
         )
 
 
+#: trace_id and span_id of the sampled step an observation was made in, or None
+ExemplarSource: TypeAlias = Callable[[int | None], Mapping[str, str] | None]
+
+
 class _Histogram:
     """A lock-free histogram: one writer thread, readers copy the counts.
 
     ``counts[i]`` holds observations in ``(bounds[i-1], bounds[i]]``; the last
     slot is the ``+Inf`` overflow. A reader derives ``_count`` from its copy
-    of the buckets, so ``le="+Inf"`` always equals ``_count``.
+    of the buckets, so ``le="+Inf"`` always equals ``_count``. ``exemplars[i]``
+    is the last observation of bucket ``i`` that came with exemplar labels
+    (OpenMetrics shows it; the classic text format has no place for it).
     """
 
-    __slots__ = ("bounds", "counts", "labels", "sum")
+    __slots__ = ("bounds", "counts", "exemplars", "labels", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         go_float: Callable[[float], str] = floatToGoString
         self.labels = [go_float(b) for b in bounds] + ["+Inf"]
         self.counts = [0] * (len(bounds) + 1)
+        self.exemplars: list[Exemplar | None] = [None] * (len(bounds) + 1)
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
+    def observe(self, value: float, exemplar: Mapping[str, str] | None = None) -> None:
+        i = bisect_left(self.bounds, value)
+        self.counts[i] += 1
         self.sum += value
+        if exemplar is not None:
+            self.exemplars[i] = Exemplar(dict(exemplar), value, time.time())
 
-    def buckets(self) -> tuple[list[tuple[str, float]], float]:
+    def buckets(self) -> tuple[list[Bucket], float]:
         counts = list(self.counts)  # one C-level copy
+        exemplars = list(self.exemplars)
         total = self.sum
-        out: list[tuple[str, float]] = []
+        out: list[Bucket] = []
         acc = 0
-        for label, n in zip(self.labels, counts, strict=True):
+        for label, n, exemplar in zip(self.labels, counts, exemplars, strict=True):
             acc += n
-            out.append((label, acc))
+            out.append((label, acc) if exemplar is None else (label, acc, exemplar))
         return out, total
 
 
@@ -375,9 +391,18 @@ class PrometheusObserver(EngineObserver):
     Hooks run on the engine thread and only bump integers; scrapes read them
     from another thread without a lock (a scrape may miss an observation
     made while it runs, never see a torn histogram).
+
+    ``exemplars``: where an observation's exemplar comes from, called with
+    the step (``None``: the step in progress); pass a
+    :class:`~kvoffload.instrumentation.TracingObserver`'s ``exemplar`` and
+    the step duration and transfer histograms carry, per bucket, the trace
+    of the last sampled step that fell in it (OpenMetrics exposition only).
     """
 
-    def __init__(self, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, *, registry: CollectorRegistry | None = None, exemplars: ExemplarSource | None = None
+    ) -> None:
+        self._exemplar = exemplars
         self._jobs = {(d, o): 0 for d in DIRECTIONS for o in TRANSFER_OUTCOMES}
         self._blocks = dict.fromkeys(DIRECTIONS, 0)
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
@@ -400,14 +425,17 @@ class PrometheusObserver(EngineObserver):
         ok = record.ok
         key = (d, "ok" if ok else "failed")
         self._jobs[key] += 1
-        self._duration[d].observe(max(0, record.finished_ns - record.submitted_ns) / 1e9)
+        # the step the job finished in, whose trace holds its span
+        exemplar = self._exemplar(None) if self._exemplar is not None else None
+        self._duration[d].observe(max(0, record.finished_ns - record.submitted_ns) / 1e9, exemplar)
         if ok:
             self._blocks[d] += record.blocks
             self._bytes[d] += record.nbytes
-            self._size[d].observe(record.nbytes)
+            self._size[d].observe(record.nbytes, exemplar)
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
-        self._step.observe(max(0, end_ns - start_ns) / 1e9)
+        exemplar = self._exemplar(step) if self._exemplar is not None else None
+        self._step.observe(max(0, end_ns - start_ns) / 1e9, exemplar)
 
     # -- Collector ------------------------------------------------------------
 

@@ -149,6 +149,9 @@ class TracingObserver(EngineObserver):
         #: (recording?, context) of the last steps, for requests whose load
         #: finishes in a later step than the one that served them
         self._recent_steps: dict[int, tuple[bool, Context | None]] = {}
+        #: the exemplar labels of the last sampled steps (see :meth:`exemplar`)
+        self._exemplars: dict[int, dict[str, str]] = {}
+        self._last_step: int | None = None
         self._mono_offset_ns = time.time_ns() - time.perf_counter_ns()
         if event_log is not None:
             self.watch_event_log(event_log)
@@ -185,6 +188,16 @@ class TracingObserver(EngineObserver):
         recent[step] = (self._step_recording, self._step_ctx)
         if len(recent) > _RECENT_STEPS:
             del recent[next(iter(recent))]
+        self._last_step = step
+        if self._step_recording:
+            ids = span.get_span_context()
+            exemplars = self._exemplars
+            exemplars[step] = {
+                "trace_id": format(ids.trace_id, "032x"),
+                "span_id": format(ids.span_id, "016x"),
+            }
+            if len(exemplars) > _RECENT_STEPS:
+                del exemplars[next(iter(exemplars))]
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
         if self._event_log is not None and self._logging:
@@ -198,6 +211,17 @@ class TracingObserver(EngineObserver):
         self._step_span = None
         self._step_ctx = None
         self._step_recording = False
+
+    def exemplar(self, step: int | None = None) -> Mapping[str, str] | None:
+        """``trace_id`` and ``span_id`` (hex) of the span of ``step`` (``None``:
+        the step in progress, or the last one), or ``None`` when that step was
+        not sampled or is too old: the exemplar that links a metric observed
+        in the step to its trace (:class:`~kvoffload.instrumentation.PrometheusObserver`'s
+        ``exemplars``). Only sampled steps have one, and there is no cost on
+        the others."""
+        if step is None:
+            step = self._last_step
+        return None if step is None else self._exemplars.get(step)
 
     def _child_context(self) -> tuple[bool, Context | None]:
         """(create a child span?, its parent context): the step in progress,

@@ -61,6 +61,9 @@ HEADERS = {
     "no token": {},
     "wrong token": {"Authorization": "Bearer nope"},
     "malformed": {"Authorization": "Basic abc"},
+    # /metrics in OpenMetrics (the cache keeps one body per format)
+    "openmetrics": {**READ_HEADERS, "Accept": "application/openmetrics-text;version=1.0.0"},
+    "text asked": {**READ_HEADERS, "Accept": "text/plain;version=0.0.4"},
 }
 
 

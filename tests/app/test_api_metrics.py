@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import AdminServer, start_admin_server
 from app.request_metrics import UNROUTED
+from app.state import metrics_format
 from kvoffload import CPUBackend, PolicyOffloadingManager
 from kvoffload.runtime import HostedManager
 
@@ -179,3 +180,75 @@ def test_an_event_stream_is_counted_and_timed_as_it_opens(hosted_server: AdminSe
         assert took is not None and 0 < took < time.monotonic() - opened
         assert not stream.is_closed  # still open
         assert registry.get_sample_value(REQUESTS, {"name": name, "outcome": "200"}) == 1
+
+
+# -- OpenMetrics and exemplars ---------------------------------------------------------
+
+#: what Prometheus 3 sends when it scrapes
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+    "application/openmetrics-text;version=0.0.1;q=0.5,"
+    "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "fmt"),
+    [
+        (None, "text"),
+        ("", "text"),
+        ("*/*", "text"),
+        ("text/plain", "text"),
+        (PROMETHEUS_ACCEPT, "openmetrics"),
+        ("application/openmetrics-text", "openmetrics"),
+        ("application/openmetrics-text;q=0.1,text/plain;q=0.9", "text"),
+        ("text/plain;q=0.5, application/openmetrics-text;q=0.5", "openmetrics"),
+        ("application/openmetrics-text;q=0", "text"),
+        ("application/openmetrics-text;q=abc", "text"),
+    ],
+)
+def test_metrics_format_follows_the_accept_header(accept: str | None, fmt: str) -> None:
+    assert metrics_format(accept) == fmt
+
+
+def test_prometheus_gets_openmetrics_with_the_traces_of_sampled_steps() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    from app.main import create_app
+    from app.telemetry import Telemetry
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON, shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    app = create_app(small_settings(), telemetry_factory=lambda: Telemetry(provider))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 20
+        while not [s for s in spans.get_finished_spans() if s.name == "kvoffload.step"]:
+            assert time.monotonic() < deadline, "no step span"
+            time.sleep(0.05)
+        om = client.get("/metrics", headers={**READ_HEADERS, "Accept": PROMETHEUS_ACCEPT})
+        text = client.get("/metrics", headers=READ_HEADERS)
+    assert om.status_code == text.status_code == 200
+    assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert text.headers["content-type"].startswith("text/plain")
+    assert om.text.endswith("# EOF\n") and "trace_id" not in text.text
+    steps = {
+        format(s.context.trace_id, "032x")
+        for s in spans.get_finished_spans()
+        if s.name == "kvoffload.step"
+    }
+    exemplars = [
+        sample.exemplar
+        for family in openmetrics_families(om.text)
+        if family.name == "kvoffload_runtime_step_duration_seconds"
+        for sample in family.samples
+        if sample.exemplar
+    ]
+    assert exemplars and {e.labels["trace_id"] for e in exemplars} <= steps

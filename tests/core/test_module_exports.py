@@ -50,8 +50,8 @@ EXPORTS = {
     ],
     "kvoffload.instrumentation.otel_metrics": ["OTelMetricsBridge"],
     "kvoffload.instrumentation.prometheus": [
-        "ApiMetrics", "ConfigLabelValue", "KVOffloadCollector", "PrometheusObserver", "SnapshotSource",
-        "config_labels",
+        "ApiMetrics", "ConfigLabelValue", "ExemplarSource", "KVOffloadCollector",
+        "PrometheusObserver", "SnapshotSource", "config_labels",
     ],
     "kvoffload.instrumentation.tracing": [
         "SPAN_NAMES", "Attr", "EvictionLogs", "LogEvent", "TracingObserver",

@@ -7,11 +7,15 @@ pauses, resumes and resets it, switches it to LRU and back to kvarc, and last to
 (so that every kind of command is marked, the ARC panels must show the other policies of
 the ARC family, and the foresight panels hkvarc's lists and decisions), waiting for a
 few scrapes after each. :attr:`LiveStack.commands` says
-what was sent and when.
+what was sent and when. The service exports its traces over OTLP to a receiver in this
+process (:attr:`LiveStack.otlp`), and Prometheus keeps exemplars
+(``--enable-feature=exemplar-storage``, as in docker-compose.yml), so that the step and
+transfer histograms' exemplars can be followed to the traces they name.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -32,12 +36,29 @@ from typing import Any
 import pytest
 from dashboard_queries import GRAFANA_BUILTINS
 
+
+def _otlp_receiver_module() -> Any:
+    # the instrumentation tests' OTLP receiver, by path: this directory is no
+    # package, so tests/ is not on the import path here
+    path = Path(__file__).resolve().parents[1] / "instrumentation" / "otlp_receiver.py"
+    spec = importlib.util.spec_from_file_location("kvoffload_tests_otlp_receiver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+otlp_receiver = _otlp_receiver_module()
+
 ADMIN_TOKEN = "dashboard-test-admin-token"
 #: reads closed, as an operator who sets KVOFFLOAD_READ_TOKEN has them: Prometheus
 #: scrapes with it the way deploy/prometheus/prometheus.yml says (credentials_file)
 READ_TOKEN = "dashboard-test-read-token"
 READ_HEADERS = {"Authorization": f"Bearer {READ_TOKEN}"}
 JOB = "kvoffload-dashboard-test"
+#: the Prometheus flag that keeps exemplars (docker-compose.yml passes it too)
+EXEMPLAR_STORAGE = "--enable-feature=exemplar-storage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +84,8 @@ class LiveStack:
     #: Unix seconds when the service was ready, before any command
     started: float
     commands: tuple[Sent, ...]
+    #: what the service exported over OTLP (an ``otlp_receiver.Receiver``)
+    otlp: Any = None
 
     def variables(self) -> dict[str, str]:
         """Dashboard variables selecting this service, as Grafana would send them."""
@@ -158,10 +181,15 @@ class _Process:
                 self.popen.wait()
 
 
-def _start_service(workdir: Path) -> _Process:
+def _start_service(workdir: Path, otlp_url: str) -> _Process:
     port = _free_port()
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        # traces only, at the default sampling (1% of steps), exported every 0.2 s
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_url,
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
         "KVOFFLOAD_ADMIN_TOKEN": ADMIN_TOKEN,
         "KVOFFLOAD_POLICY": "lru",
         # a small tier fills within seconds, so that evictions and ghost hits happen
@@ -201,6 +229,7 @@ def _start_prometheus(workdir: Path, target: str) -> _Process:
         f"--storage.tsdb.path={workdir / 'tsdb'}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
+        EXEMPLAR_STORAGE,
     ]
     url = f"http://127.0.0.1:{port}"
     return _Process("prometheus", url, argv, workdir / "prometheus.log")
@@ -263,7 +292,8 @@ SCRIPT: tuple[tuple[str, str, int], ...] = (
 @contextmanager
 def running_stack(workdir: Path) -> Iterator[LiveStack]:
     with ExitStack() as cleanup:
-        service = _start_service(workdir)
+        otlp = cleanup.enter_context(otlp_receiver.running_receiver())
+        service = _start_service(workdir, otlp.url)
         cleanup.callback(service.stop)
         _wait_for(
             "kvoffload serve to be ready",
@@ -312,4 +342,4 @@ def running_stack(workdir: Path) -> Iterator[LiveStack]:
                 45,
                 why,
             )
-        yield LiveStack(service.url, prometheus.url, JOB, instance, started, tuple(sent))
+        yield LiveStack(service.url, prometheus.url, JOB, instance, started, tuple(sent), otlp)

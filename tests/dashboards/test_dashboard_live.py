@@ -192,3 +192,49 @@ def test_annotations_mark_each_command_once_when_it_took_effect(
     assert [m.title for m in found] == [c.kind for c in others] == ["pause", "resume", "reset"]
     for marker, sent in zip(found, others, strict=True):
         assert at_the_time(marker, sent), (marker, sent)
+
+
+def test_exemplars_in_prometheus_lead_to_the_traces_the_service_exported(
+    live_stack: LiveStack, dashboards: dict[str, dict[str, Any]]
+) -> None:
+    # Prometheus scrapes OpenMetrics (it asks for it first), keeps the exemplars
+    # of the histogram buckets, and each names a step span the service sent
+    # over OTLP: the link a dashboard's exemplar points follow
+    def exemplars(histogram: str) -> list[dict[str, Any]]:
+        answer = get_json(
+            f"{live_stack.prometheus_url}/api/v1/query_exemplars",
+            {
+                "query": f'{histogram}_bucket{{job="{live_stack.job}"}}',
+                "start": str(live_stack.started - 60),
+                "end": str(time.time() + 60),
+            },
+        )
+        assert answer["status"] == "success", answer
+        return [e for series in answer["data"] for e in series["exemplars"]]
+
+    found = {
+        name: exemplars(name)
+        for name in (
+            "kvoffload_runtime_step_duration_seconds",
+            "kvoffload_transfer_duration_seconds",
+        )
+    }
+    for name, items in found.items():
+        assert items, f"Prometheus kept no exemplar of {name}"
+    named = {e["labels"]["trace_id"] for items in found.values() for e in items}
+    deadline = time.monotonic() + 15
+    while True:  # the service exports every 0.2 s; the last steps may be on their way
+        steps = {
+            span.trace_id.hex() for span in live_stack.otlp.spans() if span.name == "kvoffload.step"
+        }
+        if named <= steps or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert named <= steps, f"{len(named - steps)} exemplars name traces the service never sent"
+    # and the dashboard shows them where it says it does
+    panels = {
+        p["title"]: p for p in dashboards["kvoffload-overview.json"]["panels"] if "targets" in p
+    }
+    for title in ("Engine step time", "Transfer latency"):
+        with_exemplars = [t["legendFormat"] for t in panels[title]["targets"] if t.get("exemplar")]
+        assert with_exemplars and all("p99" in legend for legend in with_exemplars), title

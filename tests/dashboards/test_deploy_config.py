@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from dashboard_queries import DASHBOARD_DIR, DEPLOY_DIR, METRIC_NAME, REPO, metric_in_catalogue
+from live_stack import EXEMPLAR_STORAGE
 
 PROMETHEUS_CONFIG = DEPLOY_DIR / "prometheus" / "prometheus.yml"
 ALERTS = DEPLOY_DIR / "prometheus" / "alerts.yml"
@@ -180,6 +181,12 @@ def test_prometheus_scrapes_the_compose_service_every_5s(compose: dict[str, Any]
     assert service["environment"]["KVOFFLOAD_PORT"] == port
     for rule_file in config.get("rule_files", []):
         assert (PROMETHEUS_CONFIG.parent / rule_file).is_file(), rule_file
+
+
+def test_the_compose_prometheus_keeps_exemplars(compose: dict[str, Any]) -> None:
+    # the flag the live stack's Prometheus runs with, where the exemplar test
+    # follows them to the service's traces
+    assert EXEMPLAR_STORAGE in compose["services"]["prometheus"]["command"]
 
 
 # --- Grafana -------------------------------------------------------------------------------
