@@ -166,7 +166,7 @@ def sampler(environ: Mapping[str, str], default_ratio: float) -> tuple[Sampler, 
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError(
             f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a sampling ratio for {name}: a number "
-            f"from 0 to 1 ({default_ratio:g}: one trace in {round(1 / default_ratio)})"
+            "from 0 to 1 (0.01: one trace in a hundred)"
         )
     ratio_sampler = TraceIdRatioBased(ratio)
     chosen = ParentBased(ratio_sampler) if name.startswith("parentbased_") else ratio_sampler

@@ -107,7 +107,7 @@ def _exporter(signal: str, protocol: str) -> type:
         if protocol != "grpc":
             raise
         raise ConfigError(
-            f"exporting {signal} over OTLP/gRPC (OTEL_EXPORTER_OTLP_PROTOCOL=grpc) needs the "
+            f"exporting {signal} over OTLP/gRPC needs the "
             "gRPC exporter, which is not installed: pip install 'kvoffload[otlp-grpc]', or "
             "export over 'http/protobuf' to the collector's OTLP/HTTP port (usually 4318)"
         ) from exc

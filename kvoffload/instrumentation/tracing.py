@@ -149,9 +149,6 @@ class TracingObserver(EngineObserver):
         #: (recording?, context) of the last steps, for requests whose load
         #: finishes in a later step than the one that served them
         self._recent_steps: dict[int, tuple[bool, Context | None]] = {}
-        #: the exemplar labels of the last sampled steps (see :meth:`exemplar`)
-        self._exemplars: dict[int, dict[str, str]] = {}
-        self._last_step: int | None = None
         self._mono_offset_ns = time.time_ns() - time.perf_counter_ns()
         if event_log is not None:
             self.watch_event_log(event_log)
@@ -188,16 +185,6 @@ class TracingObserver(EngineObserver):
         recent[step] = (self._step_recording, self._step_ctx)
         if len(recent) > _RECENT_STEPS:
             del recent[next(iter(recent))]
-        self._last_step = step
-        if self._step_recording:
-            ids = span.get_span_context()
-            exemplars = self._exemplars
-            exemplars[step] = {
-                "trace_id": format(ids.trace_id, "032x"),
-                "span_id": format(ids.span_id, "016x"),
-            }
-            if len(exemplars) > _RECENT_STEPS:
-                del exemplars[next(iter(exemplars))]
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
         if self._event_log is not None and self._logging:
@@ -219,9 +206,14 @@ class TracingObserver(EngineObserver):
         in the step to its trace (:class:`~kvoffload.instrumentation.PrometheusObserver`'s
         ``exemplars``). Only sampled steps have one, and there is no cost on
         the others."""
+        recent = self._recent_steps
         if step is None:
-            step = self._last_step
-        return None if step is None else self._exemplars.get(step)
+            step = next(reversed(recent), None)
+        recording, ctx = recent.get(step, (False, None)) if step is not None else (False, None)
+        if not recording:
+            return None
+        ids = trace.get_current_span(ctx).get_span_context()
+        return {"trace_id": format(ids.trace_id, "032x"), "span_id": format(ids.span_id, "016x")}
 
     def _child_context(self) -> tuple[bool, Context | None]:
         """(create a child span?, its parent context): the step in progress,
