@@ -48,7 +48,7 @@ from kvoffload.runtime.commands import (
 from kvoffload.runtime.config import EngineConfig
 from kvoffload.runtime.jobs import TransferJobs
 from kvoffload.runtime.kv_store import GPUKVStore
-from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord
+from kvoffload.runtime.observer import EngineObserver, RequestRecord, TransferRecord, notify
 from kvoffload.runtime.scheduling import RequestBlocks, RequestScheduler
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.runtime.workloads import Request, Workload
@@ -392,7 +392,7 @@ class Engine:
             fut.set_result(result)
             if not result.changed_nothing:
                 for obs in self.observers:
-                    self._notify(obs.command_applied, result)
+                    notify(obs.command_applied, result)
 
     def _apply(self, command: Command) -> CommandResult:
         m = self.manager
@@ -470,7 +470,7 @@ class Engine:
         self._state = "stopped"
         self._publish()
         for obs in self.observers:
-            self._notify(obs.close)
+            notify(obs.close)
         self._fail_queued()
         logger.info("engine stopped after %d steps; %s", self._c.steps, left)
 
@@ -547,7 +547,7 @@ class Engine:
         step = c.steps + 1
         start = time.perf_counter_ns()
         for obs in self.observers:
-            self._notify(obs.step_started, step, start)
+            notify(obs.step_started, step, start)
         scheduler = self._scheduler
         policy = self.manager.policy  # commands, a switch included, come between steps
         evictions_before = dict(policy.evictions)
@@ -571,19 +571,19 @@ class Engine:
         if evicted:
             count = sum(evicted.values())
             for obs in self.observers:
-                self._notify(obs.blocks_evicted, step, count, policy.name, evicted)
+                notify(obs.blocks_evicted, step, count, policy.name, evicted)
         for obs in self.observers:
-            self._notify(obs.step_finished, step, start, end, len(batch))
+            notify(obs.step_finished, step, start, end, len(batch))
         self._publish()
         return True
 
     def _job_finished(self, record: TransferRecord) -> None:
         for obs in self.observers:
-            self._notify(obs.transfer_finished, record)
+            notify(obs.transfer_finished, record)
 
     def _request_finished(self, record: RequestRecord) -> None:
         for obs in self.observers:
-            self._notify(obs.request_finished, record)
+            notify(obs.request_finished, record)
 
     # -- snapshots -----------------------------------------------------------
 
@@ -603,9 +603,3 @@ class Engine:
     def _publish(self) -> None:
         # One reference assignment: readers see the old or the new snapshot.
         self._snapshot = self._take_snapshot()
-
-    def _notify(self, hook: object, *args: object) -> None:
-        try:
-            hook(*args)  # type: ignore[operator]
-        except Exception:
-            logger.exception("engine observer %r failed; ignoring", hook)

@@ -29,6 +29,9 @@ Threading contract:
   read shows it) and at the end of a host call when the last one is older
   than ``snapshot_max_age``; :meth:`snapshot` refreshes it itself, without
   waiting, when the host is idle.
+- Observers hear of each command that changed something
+  (``command_applied``, as the runtime's engine calls it) after its future
+  is resolved, on the thread that applied it, with the lock released.
 
 Do not call the wrapped manager directly once it is wrapped: that would
 bypass the lock.
@@ -39,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -66,6 +69,7 @@ from kvoffload.runtime.commands import (
     UnsupportedCommandError,
     apply_switch,
 )
+from kvoffload.runtime.observer import EngineObserver, notify
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState, RuntimeStats
 from kvoffload.stats import ManagerStats
 
@@ -95,6 +99,11 @@ class HostedManager(OffloadingManager):
         description: shown as the ``workload`` of the snapshot.
         snapshot_max_age: seconds a published snapshot may age while the host
             keeps calling: a finite number >= 0 (0 publishes after every call).
+        observers: told of each applied command (``command_applied``; the
+            other hooks of :class:`~kvoffload.runtime.EngineObserver` need
+            the runtime's engine steps): a
+            :class:`~kvoffload.instrumentation.TracingObserver` makes a log
+            record of each policy switch and reset.
     """
 
     def __init__(
@@ -103,6 +112,7 @@ class HostedManager(OffloadingManager):
         *,
         description: str = "hosted: driven by the host's scheduler",
         snapshot_max_age: float = 0.05,
+        observers: Sequence[EngineObserver] = (),
     ) -> None:
         if not is_finite_number(snapshot_max_age) or snapshot_max_age < 0:
             raise ConfigError(
@@ -112,6 +122,7 @@ class HostedManager(OffloadingManager):
         self.manager = manager
         self.description = description
         self.snapshot_max_age = snapshot_max_age
+        self.observers = tuple(observers)
         log = manager.event_log
         self.config = HostedConfig(
             num_cpu_blocks=manager.capacity,
@@ -320,8 +331,11 @@ class HostedManager(OffloadingManager):
             fut, outcome = self._done.popleft()
             if isinstance(outcome, Exception):
                 fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome)
+                continue
+            fut.set_result(outcome)
+            if not outcome.changed_nothing:
+                for obs in self.observers:
+                    notify(obs.command_applied, outcome)
 
     def _apply_queued(self) -> None:
         """Apply every queued command (lock held)."""

@@ -2,13 +2,16 @@
 
 :mod:`kvoffload.instrumentation` implements :class:`EngineObserver` for
 Prometheus and OpenTelemetry; the runtime itself imports neither. Observers
-are called on the engine thread and must be cheap and never raise (the engine
-logs and drops an observer's exception rather than stopping).
+are called on the engine thread (a :class:`~kvoffload.runtime.HostedManager`
+calls ``command_applied`` only, on the thread that applied the command) and
+must be cheap and never raise (the caller logs and drops an observer's
+exception rather than stopping).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +20,16 @@ from kvoffload.runtime.commands import CommandResult
 __all__ = ["Direction", "EngineObserver", "RequestRecord", "TransferRecord"]
 
 Direction = Literal["store", "load"]
+
+logger = logging.getLogger(__name__)
+
+
+def notify(hook: Callable[..., object], *args: object) -> None:
+    """Call an observer's hook; its exception is logged and dropped."""
+    try:
+        hook(*args)
+    except Exception:
+        logger.exception("engine observer %r failed; ignoring", hook)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ With ``"admin_port": P`` in the extra config, :meth:`KVOffloadSpec.get_manager
 scheduler's calls (:class:`~kvoffload.runtime.HostedManager`). With an OTLP
 endpoint in the ``OTEL_*`` environment (:func:`app.telemetry.setup_telemetry`,
 as for ``kvoffload serve``), admin actions and the transfer jobs finished in
-this process go out as spans, and the ``/metrics`` catalogue as OTLP metrics.
+this process go out as spans, policy switches and resets as log records, and
+the ``/metrics`` catalogue as OTLP metrics.
 
 When it stops: vLLM 0.11.2 tells the spec nothing at shutdown
 (``OffloadingConnector`` inherits the base class's no-op ``shutdown()``), and
@@ -45,6 +46,7 @@ from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import CommandResult, EngineStoppedError, UnsupportedCommandError
 from kvoffload.runtime.hosted import HostedConfig, HostedManager
+from kvoffload.runtime.observer import EngineObserver
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState
 from kvoffload.vllm import live
 
@@ -77,12 +79,20 @@ class VLLMHostedManager(HostedManager):
     (``vllm_events``), else none.
     """
 
-    def __init__(self, manager: PolicyOffloadingManager, *, vllm_events: bool) -> None:
+    def __init__(
+        self,
+        manager: PolicyOffloadingManager,
+        *,
+        vllm_events: bool,
+        observers: Sequence[EngineObserver] = (),
+    ) -> None:
         old = manager.event_log
         log = _SharedEventLog(old.capacity) if old is not None else _SharedEventLog()
         self._log = manager.event_log = log
         super().__init__(
-            manager, description=f"vLLM engine core (pid {os.getpid()}), driven by its scheduler"
+            manager,
+            description=f"vLLM engine core (pid {os.getpid()}), driven by its scheduler",
+            observers=observers,
         )
         self.vllm_events = vllm_events
         self._taken = 0  # seq of the last record vLLM's take_events got
@@ -178,7 +188,14 @@ def serve_admin(
         telemetry = setup_telemetry()
     except ConfigError as exc:
         raise ConfigError(f"kvoffload admin server ({where}): {exc}") from None
-    hosted = VLLMHostedManager(manager, vllm_events=vllm_events)
+    # spans of transfer jobs, log records of applied commands (inert without
+    # a tracer or a logger provider)
+    tracing = telemetry.tracing_observer()
+    hosted = VLLMHostedManager(
+        manager,
+        vllm_events=vllm_events,
+        observers=(tracing,) if telemetry.logger_provider is not None else (),
+    )
     try:
         server = start_admin_server(
             _EngineTarget(hosted), settings, tracer_provider=telemetry.tracer_provider
@@ -192,7 +209,7 @@ def serve_admin(
     listeners = [server.prometheus.transfer_finished]
     if telemetry.tracer_provider is not None:
         # no engine steps here: each job is a span of its own, sampled as a root
-        listeners.append(telemetry.tracing_observer().transfer_finished)
+        listeners.append(tracing.transfer_finished)
     if telemetry.meter_provider is not None:
         OTelMetricsBridge(telemetry.meter_provider, server.registry)
     removes = [live.add_transfer_listener(fn) for fn in listeners]

@@ -14,9 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 from api_support import ADMIN, ADMIN_HEADERS, READ_HEADERS, small_settings
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app import AdminServer, StartupError, start_admin_server
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
+from kvoffload.instrumentation import TracingObserver
 from kvoffload.runtime import HostedManager, TransferRecord
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
@@ -101,6 +107,57 @@ def test_a_command_to_an_idle_host_is_applied_at_once(
     )
     assert r.status_code == 200, r.text
     assert httpx.get(f"{server.url}/v1/cache", headers=READ_HEADERS).json()["policy"] == "kvarc"
+
+
+def test_commands_to_a_hosted_manager_are_log_records_in_the_admin_spans_trace() -> None:
+    """Given a TracingObserver, the hosted manager logs each command that took
+    effect as the runtime's engine does: a switch to the policy in use (which
+    changes nothing) is not logged, and a command applied at once to an idle
+    host is applied by the admin request's thread, inside its span."""
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    logs = InMemoryLogRecordExporter()  # type: ignore[no-untyped-call]
+    logger_provider = LoggerProvider(shutdown_on_exit=False)
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8), policy="lru")
+    target = HostedManager(manager, observers=[TracingObserver(None, logger_provider)])
+    server = start_admin_server(target, small_settings(port=0), tracer_provider=tracer_provider)
+    try:
+        with httpx.Client(base_url=server.url, headers=ADMIN_HEADERS, timeout=10.0) as http:
+            for policy in ("arc", "arc"):
+                assert http.put("/v1/policy", json={"policy": policy}).status_code == 200
+            assert http.post("/v1/cache:reset", json={"confirm": True}).status_code == 200
+    finally:
+        server.stop()
+    admin = [s for s in spans.get_finished_spans() if s.name.startswith("kvoffload.admin.")]
+    records = [d.log_record for d in logs.get_finished_logs()]
+    assert [(r.event_name, dict(r.attributes or {})) for r in records] == [
+        (
+            "kvoffload.policy_switch",
+            {
+                "kvoffload.command": "switch_policy",
+                "kvoffload.step": 0,
+                "kvoffload.policy": "arc",
+                "kvoffload.policy.version": 2,
+                "kvoffload.policy.previous": "lru",
+            },
+        ),
+        (
+            "kvoffload.command",
+            {
+                "kvoffload.command": "reset",
+                "kvoffload.step": 0,
+                "kvoffload.policy": "arc",
+                "kvoffload.policy.version": 2,
+            },
+        ),
+    ]
+    switch, _, reset = admin
+    assert switch.context is not None and reset.context is not None
+    assert (switch.name, reset.name) == ("kvoffload.admin.switch_policy", "kvoffload.admin.reset")
+    assert records[0].trace_id == switch.context.trace_id
+    assert records[1].trace_id == reset.context.trace_id != switch.context.trace_id
 
 
 def test_a_drain_shows_at_once_in_every_view_of_a_hosted_manager() -> None:

@@ -16,6 +16,7 @@ from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
 from kvoffload.errors import PolicyError, UnknownTicketError
 from kvoffload.runtime import (
     CommandResult,
+    EngineObserver,
     EngineStoppedError,
     HostedManager,
     UnsupportedCommandError,
@@ -351,3 +352,54 @@ def test_a_command_callback_may_call_the_hosted_manager() -> None:
     # and a callback on an idle manager, run by the submitting thread
     hosted.switch_policy("lru").add_done_callback(lambda f: seen.append(hosted.stats().policy))
     assert seen == ["arc", "lru"]
+
+
+class Applied(EngineObserver):
+    """Records each command_applied: the result, whether its future was
+    already resolved, and whether the hosted manager's lock was free."""
+
+    def __init__(self, hosted: HostedManager, futures: list[Future[CommandResult]]) -> None:
+        self.hosted, self.futures = hosted, futures
+        self.seen: list[tuple[CommandResult, bool, bool]] = []
+
+    def command_applied(self, result: CommandResult) -> None:
+        lock_free = self.hosted._lock.acquire(blocking=False)
+        if lock_free:
+            self.hosted._lock.release()
+        self.seen.append((result, all(f.done() for f in self.futures), lock_free))
+
+
+def test_observers_hear_of_each_command_that_changed_something(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The hosted manager tells its observers what the runtime's engine
+    tells them: each applied command that changed something (a log record
+    of a policy switch inside vLLM comes from this), after its future is
+    resolved, with the lock released; a failing observer is logged and
+    dropped, and changes nothing for the host or the other observers."""
+    manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8), policy="lru")
+    futures: list[Future[CommandResult]] = []
+
+    class Failing(EngineObserver):
+        def command_applied(self, result: CommandResult) -> None:
+            raise RuntimeError("observer bug")
+
+    hosted = HostedManager(manager)
+    applied = Applied(hosted, futures)
+    hosted.observers = (Failing(), applied)
+    futures.append(hosted.switch_policy("arc"))
+    assert futures[-1].result(timeout=1).policy == "arc"
+    futures.append(hosted.switch_policy("arc"))  # the same policy: changes nothing
+    assert futures[-1].result(timeout=1).changed_nothing
+    futures.append(hosted.switch_policy("lru", expected_version=1))  # stale: fails
+    with pytest.raises(VersionConflictError):
+        futures[-1].result(timeout=1)
+    futures.append(hosted.reset())
+    assert futures[-1].result(timeout=1).kind == "reset"
+    assert [(r.kind, r.policy, done, free) for r, done, free in applied.seen] == [
+        ("switch_policy", "arc", True, True),
+        ("reset", "arc", True, True),
+    ]
+    failed = [r for r in caplog.records if r.exc_info and str(r.exc_info[1]) == "observer bug"]
+    assert len(failed) == 2
+    assert HostedManager(manager).observers == ()

@@ -169,12 +169,22 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
     with socket.socket() as s:
         s.bind(("127.0.0.1", PORT))
 
-    # OTLP (flushed as the server stopped): the switch as an admin span, each
-    # load job vLLM ran as a transfer span, and the catalogue as metrics
+    # OTLP (flushed as the server stopped): the switch as an admin span and a
+    # log record in its trace, each load job vLLM ran as a transfer span,
+    # and the catalogue as metrics
     spans = receiver.spans()
     (switch,) = [s for s in spans if s.name == "kvoffload.admin.switch_policy"]
     assert attrs(switch.attributes)["kvoffload.admin.outcome"] == "applied"
     assert attrs(switch.attributes)["kvoffload.policy"] == "arc"
+    (record,) = [r for r in receiver.log_records() if r.event_name == "kvoffload.policy_switch"]
+    assert attrs(record.attributes) == {
+        "kvoffload.command": "switch_policy",
+        "kvoffload.step": seen["switch"]["applied_at_step"],
+        "kvoffload.policy": "arc",
+        "kvoffload.policy.version": 2,
+        "kvoffload.policy.previous": "lru",
+    }
+    assert record.trace_id == switch.trace_id
     transfers = [attrs(s.attributes) for s in spans if s.name == "kvoffload.transfer"]
     load_spans = [t for t in transfers if t["kvoffload.transfer.direction"] == "load"]
     assert len(load_spans) == len(loads)
