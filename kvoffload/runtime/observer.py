@@ -17,7 +17,7 @@ from typing import Literal
 
 from kvoffload.runtime.commands import CommandResult
 
-__all__ = ["Direction", "EngineObserver", "RequestRecord", "TransferRecord"]
+__all__ = ["Direction", "EngineObserver", "RequestRecord", "TransferRecord", "notify"]
 
 Direction = Literal["store", "load"]
 

@@ -86,7 +86,9 @@ EXPORTS = {
     "kvoffload.runtime.hosted": ["HostedConfig", "HostedManager"],
     "kvoffload.runtime.jobs": ["TransferJobs"],
     "kvoffload.runtime.kv_store": ["GPUKVStore", "block_pattern", "hash_seed"],
-    "kvoffload.runtime.observer": ["Direction", "EngineObserver", "RequestRecord", "TransferRecord"],
+    "kvoffload.runtime.observer": [
+        "Direction", "EngineObserver", "RequestRecord", "TransferRecord", "notify",
+    ],
     "kvoffload.runtime.scheduling": ["RequestBlocks", "RequestScheduler"],
     "kvoffload.runtime.snapshot": ["EngineSnapshot", "EngineState", "RuntimeStats"],
     "kvoffload.runtime.synthetic": ["SyntheticConfig", "SyntheticWorkload"],
