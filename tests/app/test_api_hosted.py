@@ -14,7 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from api_support import ADMIN, ADMIN_HEADERS, READ_HEADERS, small_settings
-from instrumentation.conftest import make_otel
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from app import AdminServer, StartupError, start_admin_server
 from kvoffload import BlockHash, CPUBackend, PolicyOffloadingManager
@@ -110,12 +114,15 @@ def test_commands_to_a_hosted_manager_are_log_records_in_the_admin_spans_trace()
     effect as the runtime's engine does: a switch to the policy in use (which
     changes nothing) is not logged, and a command applied at once to an idle
     host is applied by the admin request's thread, inside its span."""
-    otel = make_otel()
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    logs = InMemoryLogRecordExporter()  # type: ignore[no-untyped-call]
+    logger_provider = LoggerProvider(shutdown_on_exit=False)
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
     manager = PolicyOffloadingManager(CPUBackend(block_size=16, num_blocks=8), policy="lru")
-    target = HostedManager(manager, observers=[TracingObserver(None, otel.logger_provider)])
-    server = start_admin_server(
-        target, small_settings(port=0), tracer_provider=otel.tracer_provider
-    )
+    target = HostedManager(manager, observers=[TracingObserver(None, logger_provider)])
+    server = start_admin_server(target, small_settings(port=0), tracer_provider=tracer_provider)
     try:
         with httpx.Client(base_url=server.url, headers=ADMIN_HEADERS, timeout=10.0) as http:
             for policy in ("arc", "arc"):
@@ -123,8 +130,8 @@ def test_commands_to_a_hosted_manager_are_log_records_in_the_admin_spans_trace()
             assert http.post("/v1/cache:reset", json={"confirm": True}).status_code == 200
     finally:
         server.stop()
-    admin = [s for s in otel.spans.get_finished_spans() if s.name.startswith("kvoffload.admin.")]
-    records = [d.log_record for d in otel.logs.get_finished_logs()]
+    admin = [s for s in spans.get_finished_spans() if s.name.startswith("kvoffload.admin.")]
+    records = [d.log_record for d in logs.get_finished_logs()]
     assert [(r.event_name, dict(r.attributes or {})) for r in records] == [
         (
             "kvoffload.policy_switch",
