@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.policy_name import SettingsPolicyName
+from kvoffload.event_log import DEFAULT_CAPACITY
 from kvoffload.policies import available_policies, import_policy_modules
 from kvoffload.runtime.config import MAX_WAITING_REQUESTS
 
@@ -139,7 +140,7 @@ class Settings(BaseSettings):
     )
     seed: int = Field(default=0, ge=0, description="seed of the built-in workload")
     event_log_capacity: PositiveInt = Field(
-        default=10_000,
+        default=DEFAULT_CAPACITY,
         description="records the event log keeps before new ones overwrite the oldest",
     )
 

@@ -29,10 +29,21 @@ from kvoffload._checks import check_int, is_int
 from kvoffload.abstract import BlockHash, OffloadingEvent
 from kvoffload.errors import ConfigError
 
-__all__ = ["EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage", "EventRecord"]
+__all__ = [
+    "DEFAULT_CAPACITY",
+    "EVENT_KINDS",
+    "EventKind",
+    "EventLog",
+    "EventLogStats",
+    "EventPage",
+    "EventRecord",
+]
 
 EventKind = Literal["stored", "removed", "policy_switched", "cleared"]
 EVENT_KINDS: tuple[EventKind, ...] = ("stored", "removed", "policy_switched", "cleared")
+
+#: records a log keeps before new ones overwrite the oldest, unless told otherwise
+DEFAULT_CAPACITY = 10_000
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -97,7 +108,7 @@ class EventLogStats:
 class EventLog:
     """A ring of :class:`EventRecord` of at most ``capacity`` entries."""
 
-    def __init__(self, capacity: int = 10_000) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if not is_int(capacity) or capacity <= 0:
             raise ConfigError(f"event log capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity

@@ -51,7 +51,7 @@ from kvoffload.errors import (
     PolicyError,
     PolicyFailedError,
 )
-from kvoffload.event_log import EventLog
+from kvoffload.event_log import DEFAULT_CAPACITY, EventLog
 from kvoffload.policies import EvictionPolicy, Victims, create_policy
 from kvoffload.policies.arc import ARCPolicy
 from kvoffload.stats import ManagerCounters, ManagerStats, WindowStats
@@ -98,7 +98,7 @@ class PolicyOffloadingManager(OffloadingManager):
         backend: Backend,
         policy: str = "lru",
         enable_events: bool = False,
-        event_log_capacity: int = 10_000,
+        event_log_capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         if not isinstance(enable_events, bool):  # "no" is truthy: it turned events on
             raise ConfigError(f"enable_events must be True or False, got {enable_events!r}")

@@ -18,6 +18,7 @@ from kvoffload._checks import is_int
 from kvoffload.abstract import LoadStoreSpec, OffloadingManager
 from kvoffload.backends.cpu import CPUBackend
 from kvoffload.errors import ConfigError
+from kvoffload.event_log import DEFAULT_CAPACITY
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.mediums import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.policies import available_policies, policy_class
@@ -74,7 +75,7 @@ class OffloadingConfig:
     offloaded_block_size: int | None = None
     eviction_policy: str = "lru"
     enable_events: bool = False
-    event_log_capacity: int = 10_000
+    event_log_capacity: int = DEFAULT_CAPACITY
     spec_name: str = DEFAULT_SPEC_NAME
     spec_module_path: str | None = None
 
@@ -206,7 +207,7 @@ class CPUOffloadingSpec(OffloadingSpec):
                 raise ConfigError(
                     f"kv_connector_extra_config for {type(self).__name__}: unknown key "
                     f"{unknown[0]!r} (valid keys: {', '.join(self.EXTRA_CONFIG_KEYS)}; "
-                    "policy_modules, admin_port, lookahead and row_kernel are keys of "
+                    "policy_modules, admin_port, lookahead, row_kernel and event_log_capacity are keys of "
                     "kvoffload.vllm.KVOffloadSpec)"
                 )
         self.num_cpu_blocks = self.config.num_cpu_blocks

@@ -187,8 +187,7 @@ class TracingObserver(EngineObserver):
             del recent[next(iter(recent))]
 
     def step_finished(self, step: int, start_ns: int, end_ns: int, requests: int) -> None:
-        if self._event_log is not None and self._logging:
-            self._check_missed()
+        self.check_missed()
         span = self._step_span
         if span is None:
             return
@@ -353,9 +352,17 @@ class TracingObserver(EngineObserver):
             body = f"command {result.kind} applied after step {result.applied_at_step}"
             self._emit(LogEvent.COMMAND, SeverityNumber.INFO, body, attrs)
 
-    def _check_missed(self) -> None:
+    def check_missed(self) -> None:
+        """Report the records readers of the watched event log missed since
+        the last report: one WARN log record, at most one per
+        ``missed_events_interval_s`` (a count that must wait is reported by a
+        later call, or by :meth:`close`). ``step_finished`` calls it; a host
+        with no engine loop of its own calls it once per step of its own
+        (inside vLLM, each scheduler step). No cost without a logger provider
+        or a watched log."""
         log = self._event_log
-        assert log is not None
+        if log is None or not self._logging:
+            return
         missed = log.missed
         new = missed - self._missed_seen
         if new <= 0:
@@ -376,9 +383,8 @@ class TracingObserver(EngineObserver):
     def close(self) -> None:
         """End a step span left open; report pending misses. Providers are the
         caller's to flush and shut down."""
-        if self._event_log is not None and self._logging:
-            self._missed_reported_ns = 0
-            self._check_missed()
+        self._missed_reported_ns = 0
+        self.check_missed()
         if self._step_span is not None:
             self._step_span.end()
             self._step_span = None

@@ -8,6 +8,7 @@ from typing import Literal
 
 from kvoffload._checks import is_int, is_number
 from kvoffload.errors import ConfigError
+from kvoffload.event_log import DEFAULT_CAPACITY
 from kvoffload.policies import policy_class
 from kvoffload.transfer.layout import LAYOUTS, Layout
 
@@ -59,7 +60,7 @@ class EngineConfig:
     #: next requests of the workload); at least ``max_requests_per_step``, at
     #: most :data:`MAX_WAITING_REQUESTS`
     max_waiting_requests: int = 64
-    event_log_capacity: int = 10_000
+    event_log_capacity: int = DEFAULT_CAPACITY
     #: trace seconds per wall second (None = as fast as possible)
     speed: float | None = None
     #: fraction of transfer jobs reported failed on purpose (chaos testing)

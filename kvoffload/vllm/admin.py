@@ -9,8 +9,9 @@ With ``"admin_port": P`` in the extra config, :meth:`KVOffloadSpec.get_manager
 scheduler's calls (:class:`~kvoffload.runtime.HostedManager`). With an OTLP
 endpoint in the ``OTEL_*`` environment (:func:`app.telemetry.setup_telemetry`,
 as for ``kvoffload serve``), admin actions and the transfer jobs finished in
-this process go out as spans, policy switches and resets as log records, and
-the ``/metrics`` catalogue as OTLP metrics.
+this process go out as spans, policy switches and resets as log records (and
+a warning when readers of the event log miss records, checked once per
+scheduler step), and the ``/metrics`` catalogue as OTLP metrics.
 
 When it stops: vLLM 0.11.2 tells the spec nothing at shutdown
 (``OffloadingConnector`` inherits the base class's no-op ``shutdown()``), and
@@ -40,13 +41,14 @@ from app.settings import ENV_PREFIX, Settings
 from app.telemetry import Telemetry, setup_telemetry
 from kvoffload.abstract import OffloadingEvent
 from kvoffload.errors import ConfigError
-from kvoffload.event_log import EventLog, EventRecord
+from kvoffload.event_log import DEFAULT_CAPACITY, EventLog, EventRecord
 from kvoffload.instrumentation.otel_metrics import OTelMetricsBridge
+from kvoffload.instrumentation.tracing import TracingObserver
 from kvoffload.manager import PolicyOffloadingManager
 from kvoffload.policies import policy_class
 from kvoffload.runtime.commands import CommandResult, EngineStoppedError, UnsupportedCommandError
 from kvoffload.runtime.hosted import HostedConfig, HostedManager
-from kvoffload.runtime.observer import EngineObserver
+from kvoffload.runtime.observer import EngineObserver, notify
 from kvoffload.runtime.snapshot import EngineSnapshot, EngineState
 from kvoffload.vllm import live
 
@@ -73,10 +75,14 @@ class VLLMHostedManager(HostedManager):
     """The manager vLLM's scheduler drives while kvoffload's admin server serves it.
 
     ``manager`` must not have been called yet: its event log is replaced by one
-    that is always on (``/v1/events`` reads it) and never drained.
+    that is always on (``/v1/events`` reads it) and never drained, of
+    ``event_log_capacity`` records (default: the replaced log's, else 10,000).
     :meth:`take_events` gives vLLM what the bare manager would have: the
     store and remove events since its last call when vLLM enabled KV events
-    (``vllm_events``), else none.
+    (``vllm_events``), else none. vLLM's scheduler calls it at the end of
+    every step, KV events or not, so it also calls ``on_step`` (the
+    tracing observer's missed-records check; an exception is logged and
+    dropped).
     """
 
     def __init__(
@@ -85,19 +91,25 @@ class VLLMHostedManager(HostedManager):
         *,
         vllm_events: bool,
         observers: Sequence[EngineObserver] = (),
+        on_step: Callable[[], object] | None = None,
+        event_log_capacity: int | None = None,
     ) -> None:
-        old = manager.event_log
-        log = _SharedEventLog(old.capacity) if old is not None else _SharedEventLog()
-        self._log = manager.event_log = log
+        if event_log_capacity is None:
+            old = manager.event_log
+            event_log_capacity = old.capacity if old is not None else DEFAULT_CAPACITY
+        self._log = manager.event_log = _SharedEventLog(event_log_capacity)
         super().__init__(
             manager,
             description=f"vLLM engine core (pid {os.getpid()}), driven by its scheduler",
             observers=observers,
         )
         self.vllm_events = vllm_events
+        self._on_step = on_step
         self._taken = 0  # seq of the last record vLLM's take_events got
 
     def take_events(self) -> list[OffloadingEvent]:
+        if self._on_step is not None:
+            notify(self._on_step)
         if not self.vllm_events:
             return []
         log = self._log
@@ -168,11 +180,13 @@ def serve_admin(
     *,
     vllm_events: bool,
     workers: Sequence[object] = (),
+    event_log_capacity: int | None = None,
 ) -> VLLMHostedManager:
     """Wrap ``manager`` for vLLM's scheduler and serve it on ``port`` until
     one of ``workers`` (the engine's handlers in this process) is freed, or
     vLLM drops the returned manager, or the interpreter exits (see the
-    module doc). Transfer jobs finished in this process feed the server's
+    module doc), its event log of ``event_log_capacity`` records
+    (:class:`VLLMHostedManager`). Transfer jobs finished in this process feed the server's
     transfer metrics, and OTLP spans where an endpoint is configured. Raises
     :class:`~kvoffload.errors.ConfigError` naming the port and the settings
     when the server cannot start (port in use, bad ``KVOFFLOAD_*`` setting,
@@ -188,14 +202,18 @@ def serve_admin(
         telemetry = setup_telemetry()
     except ConfigError as exc:
         raise ConfigError(f"kvoffload admin server ({where}): {exc}") from None
-    # spans of transfer jobs, log records of applied commands (inert without
-    # a tracer or a logger provider)
+    # spans of transfer jobs; log records of applied commands and of records
+    # readers missed (inert without a tracer or a logger provider)
     tracing = telemetry.tracing_observer()
+    logs = telemetry.logger_provider is not None
     hosted = VLLMHostedManager(
         manager,
         vllm_events=vllm_events,
-        observers=(tracing,) if telemetry.logger_provider is not None else (),
+        observers=(tracing,) if logs else (),
+        on_step=tracing.check_missed if logs else None,
+        event_log_capacity=event_log_capacity,
     )
+    tracing.watch_event_log(hosted.event_log)
     try:
         server = start_admin_server(
             _EngineTarget(hosted), settings, tracer_provider=telemetry.tracer_provider
@@ -215,7 +233,7 @@ def serve_admin(
     removes = [live.add_transfer_listener(fn) for fn in listeners]
     live.add_admin_server(server)
     # runs once, whoever calls it
-    stop = weakref.finalize(hosted, _stop, server, removes, telemetry)
+    stop = weakref.finalize(hosted, _stop, server, removes, telemetry, tracing)
     for worker in workers:
         weakref.finalize(worker, stop)
     logger.info(
@@ -227,7 +245,12 @@ def serve_admin(
     return hosted
 
 
-def _stop(server: AdminServer, removes: Sequence[Callable[[], None]], telemetry: Telemetry) -> None:
+def _stop(
+    server: AdminServer,
+    removes: Sequence[Callable[[], None]],
+    telemetry: Telemetry,
+    tracing: TracingObserver,
+) -> None:
     for remove in removes:
         remove()
     # RuntimeError: the last reference went on the server's own thread, which
@@ -235,4 +258,5 @@ def _stop(server: AdminServer, removes: Sequence[Callable[[], None]], telemetry:
     # returns
     with contextlib.suppress(RuntimeError):
         server.stop()
+    tracing.close()  # a missed count still held back by the interval
     telemetry.shutdown()

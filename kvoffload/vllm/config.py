@@ -14,6 +14,7 @@ from typing import Any
 
 from kvoffload._checks import is_int
 from kvoffload.errors import ConfigError, PolicyError
+from kvoffload.event_log import DEFAULT_CAPACITY
 from kvoffload.policies import available_policies, import_policy_modules, policy_class
 from kvoffload.spec import CPUOffloadingSpec, OffloadingConfig, _positive_int
 
@@ -34,13 +35,14 @@ SPEC_NAME = "KVOffloadSpec"
 SPEC_MODULE_PATH = "kvoffload.vllm"
 
 #: Every key the spec reads (docs/vllm.md says what each means): vLLM's, and
-#: four of its own
+#: five of its own
 EXTRA_CONFIG_KEYS = (
     *CPUOffloadingSpec.EXTRA_CONFIG_KEYS,
     "policy_modules",
     "admin_port",
     "lookahead",
     "row_kernel",
+    "event_log_capacity",
 )
 
 #: the ports ``admin_port`` may name (0: any free port)
@@ -66,7 +68,8 @@ def offloading_config(
     that is not an integer from 0 to 65535 (read it with :func:`admin_port`), a
     ``lookahead`` that is not an integer from 0 to :data:`MAX_LOOKAHEAD`
     (:func:`lookahead`), a ``row_kernel`` that is not true, false or null
-    (:func:`row_kernel`).
+    (:func:`row_kernel`), an ``event_log_capacity`` that is not a positive
+    integer.
     """
     problems: list[str] = []
     unknown = sorted(set(extra) - set(EXTRA_CONFIG_KEYS))
@@ -82,6 +85,13 @@ def offloading_config(
     else:
         try:
             num_cpu_blocks = _positive_int("num_cpu_blocks", extra["num_cpu_blocks"])
+        except ConfigError as exc:
+            problems.append(str(exc))
+
+    event_log_capacity = DEFAULT_CAPACITY
+    if "event_log_capacity" in extra:
+        try:
+            event_log_capacity = _positive_int("event_log_capacity", extra["event_log_capacity"])
         except ConfigError as exc:
             problems.append(str(exc))
 
@@ -137,6 +147,7 @@ def offloading_config(
         offloaded_block_size=block_size,
         eviction_policy=str(policy),
         enable_events=enable_events,
+        event_log_capacity=event_log_capacity,
         spec_name=SPEC_NAME,
         spec_module_path=SPEC_MODULE_PATH,
     )

@@ -107,6 +107,7 @@ class KVOffloadSpec(OffloadingSpec):  # type: ignore[misc]  # vLLM is untyped he
                         self.admin_port,
                         vllm_events=self.vllm_events,
                         workers=live.live_handlers(self.vllm_config),
+                        event_log_capacity=self.offloading_config.event_log_capacity,
                     )
                 except ConfigError:
                     _release_worker_connector()

@@ -36,7 +36,8 @@ EXPORTS = {
         "UnknownTicketError",
     ],
     "kvoffload.event_log": [
-        "EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage", "EventRecord",
+        "DEFAULT_CAPACITY", "EVENT_KINDS", "EventKind", "EventLog", "EventLogStats", "EventPage",
+        "EventRecord",
     ],
     "kvoffload.factory": ["OffloadingSpecFactory"],
     "kvoffload.instrumentation": [

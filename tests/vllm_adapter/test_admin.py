@@ -6,11 +6,13 @@ tests/vllm_engine/test_admin.py."""
 from __future__ import annotations
 
 import gc
+import os
 import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from instrumentation.otlp_receiver import attrs, running_receiver
 
 from kvoffload import BlockHash, ConfigError, CPUBackend, PolicyOffloadingManager
 from kvoffload.runtime import EngineStoppedError, TransferRecord
@@ -147,6 +149,45 @@ def test_server_stops_when_vllm_drops_the_manager_and_frees_the_port() -> None:
     del again
     gc.collect()
     assert live_admin_servers() == []
+
+
+def test_records_readers_missed_are_a_warning_per_scheduler_step_over_otlp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No engine loop inside vLLM, but its scheduler calls take_events at the
+    end of every step: that is where the missed-records check runs. One
+    warning a step at most (the interval holds the next back), and what is
+    still held back goes out when the server stops."""
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    with running_receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+        # the extra config's event_log_capacity, with vLLM's events off
+        hosted = serve_admin(new_manager(), 0, vllm_events=False, event_log_capacity=4)
+        (server,) = live_admin_servers()
+        assert server.service.target.event_log.capacity == 4
+        for _ in steps(hosted):
+            pass
+        last = hosted.event_log.last_seq  # type: ignore[union-attr]
+        # a reader whose cursor fell behind the ring of 4
+        page = httpx.get(f"{server.url}/v1/events", params={"after_seq": 1}).json()
+        first = last - 4 - 1
+        assert page["missed"] == first > 0
+        hosted.take_events()  # the end of a scheduler step: reported now
+        page = httpx.get(f"{server.url}/v1/events", params={"after_seq": 2}).json()
+        assert page["missed"] == first - 1
+        hosted.take_events()  # within the interval: held back
+        del hosted
+        gc.collect()  # the server stops, and reports what was held back
+        assert not server.running
+    warnings = [r for r in receiver.log_records() if r.event_name == "kvoffload.events_missed"]
+    assert [attrs(r.attributes) for r in warnings] == [
+        {"kvoffload.events.missed": first, "kvoffload.events.missed_total": first},
+        {"kvoffload.events.missed": first - 1, "kvoffload.events.missed_total": 2 * first - 1},
+    ]
+    assert {r.severity_text for r in warnings} == {"WARN"}
 
 
 class Worker:

@@ -24,10 +24,17 @@ BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm"}
 
 def test_offloading_config_reads_every_key() -> None:
     cfg = offloading_config(
-        {**BASE, "num_cpu_blocks": 128, "block_size": 64, "eviction_policy": "kvarc"},
+        {
+            **BASE,
+            "num_cpu_blocks": 128,
+            "block_size": 64,
+            "eviction_policy": "kvarc",
+            "event_log_capacity": "256",
+        },
         32,
         enable_events=True,
     )
+    assert cfg.event_log_capacity == 256
     assert (cfg.gpu_block_size, cfg.block_size, cfg.num_cpu_blocks) == (32, 64, 128)
     assert (cfg.eviction_policy, cfg.enable_events) == ("kvarc", True)
     assert (cfg.spec_name, cfg.spec_module_path) == ("KVOffloadSpec", "kvoffload.vllm")
@@ -36,6 +43,7 @@ def test_offloading_config_reads_every_key() -> None:
 def test_offloading_config_defaults_follow_vllm() -> None:
     cfg = offloading_config({**BASE, "num_cpu_blocks": 8}, 16)
     assert (cfg.block_size, cfg.eviction_policy, cfg.enable_events) == (16, "lru", False)
+    assert cfg.event_log_capacity == 10_000
 
 
 @pytest.mark.parametrize(
@@ -90,6 +98,13 @@ def test_offloading_config_defaults_follow_vllm() -> None:
                 f"policies of their own), got {bad!r}",
             )
             for bad in ("mod", [""], [1], None)
+        ],
+        *[
+            (
+                {"num_cpu_blocks": 8, "event_log_capacity": bad},
+                f"event_log_capacity must be a positive integer, got {bad!r}",
+            )
+            for bad in (0, -1, True, 2.5, "many", None)
         ],
         (
             {"num_cpu_blocks": 8, "policy_modules": ["no_such_policies_xyz"]},

@@ -196,6 +196,38 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
     assert jobs[("load", "ok")] == len(loads)
 
 
+def test_engine_warns_at_its_next_step_of_records_a_reader_missed(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, receiver: Receiver
+) -> None:
+    """event_log_capacity sizes the ring; a /v1/events reader whose cursor
+    fell behind it is told how many records it missed, and vLLM's next
+    scheduler step (its take_events) sends the warning over OTLP, before the
+    engine stops (without the per-step check only the server's stop would)."""
+    monkeypatch.setenv("KVOFFLOAD_ADMIN_TOKEN", ADMIN)
+    seen: dict[str, Any] = {}
+
+    def before(name: str, manager: Any) -> None:
+        if name == "a_again":
+            page = httpx.get(f"{server_url()}/v1/events", params={"after_seq": 1}).json()
+            seen["missed"], seen["last_seq"] = page["missed"], page["last_seq"]
+        if name == "end":
+            seen["end_ns"] = time.time_ns()
+
+    extra = kvoffload_extra(
+        num_cpu_blocks=BIG_TIER, eviction_policy="lru", admin_port=PORT, event_log_capacity=1
+    )
+    run_workload(model_dir, extra, before=before)
+    assert seen["missed"] == seen["last_seq"] - 1 - 1 > 0
+    warnings = [r for r in receiver.log_records() if r.event_name == "kvoffload.events_missed"]
+    (warning,) = warnings
+    assert attrs(warning.attributes) == {
+        "kvoffload.events.missed": seen["missed"],
+        "kvoffload.events.missed_total": seen["missed"],
+    }
+    assert warning.severity_text == "WARN"
+    assert warning.time_unix_nano < seen["end_ns"]
+
+
 def test_engine_vllm_kv_events_unchanged_while_v1_events_reads_them_all(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
