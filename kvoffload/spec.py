@@ -207,8 +207,8 @@ class CPUOffloadingSpec(OffloadingSpec):
                 raise ConfigError(
                     f"kv_connector_extra_config for {type(self).__name__}: unknown key "
                     f"{unknown[0]!r} (valid keys: {', '.join(self.EXTRA_CONFIG_KEYS)}; "
-                    "policy_modules, admin_port, lookahead, row_kernel and event_log_capacity are keys of "
-                    "kvoffload.vllm.KVOffloadSpec)"
+                    "policy_modules, admin_port, lookahead, row_kernel and event_log_capacity "
+                    "are keys of kvoffload.vllm.KVOffloadSpec)"
                 )
         self.num_cpu_blocks = self.config.num_cpu_blocks
         self.eviction_policy = self.config.eviction_policy

@@ -186,8 +186,9 @@ def serve_admin(
     one of ``workers`` (the engine's handlers in this process) is freed, or
     vLLM drops the returned manager, or the interpreter exits (see the
     module doc), its event log of ``event_log_capacity`` records
-    (:class:`VLLMHostedManager`). Transfer jobs finished in this process feed the server's
-    transfer metrics, and OTLP spans where an endpoint is configured. Raises
+    (:class:`VLLMHostedManager`). Transfer jobs finished in this process
+    feed the server's transfer metrics, and OTLP spans where an endpoint is
+    configured. Raises
     :class:`~kvoffload.errors.ConfigError` naming the port and the settings
     when the server cannot start (port in use, bad ``KVOFFLOAD_*`` setting,
     an OTLP protocol it cannot export over)."""
