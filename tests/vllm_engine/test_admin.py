@@ -197,13 +197,12 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
 
 
 def test_engine_warns_at_its_next_step_of_records_a_reader_missed(
-    model_dir: Path, monkeypatch: pytest.MonkeyPatch, receiver: Receiver
+    model_dir: Path, receiver: Receiver
 ) -> None:
     """event_log_capacity sizes the ring; a /v1/events reader whose cursor
     fell behind it is told how many records it missed, and vLLM's next
     scheduler step (its take_events) sends the warning over OTLP, before the
     engine stops (without the per-step check only the server's stop would)."""
-    monkeypatch.setenv("KVOFFLOAD_ADMIN_TOKEN", ADMIN)
     seen: dict[str, Any] = {}
 
     def before(name: str, manager: Any) -> None:
