@@ -1,7 +1,8 @@
 """kvoffload's admin API inside a real vLLM 0.11.2 engine (``admin_port``):
 what it shows matches what vLLM did, a live policy switch between two
-``generate`` calls, the same over OTLP, vLLM's KV events unchanged, resets
-that cannot break a load, and a server that lives and dies with the engine."""
+``generate`` calls, the same over OTLP, a reader's missed records warned of
+at the next scheduler step, vLLM's KV events unchanged, resets that cannot
+break a load, and a server that lives and dies with the engine."""
 
 from __future__ import annotations
 
