@@ -213,7 +213,8 @@ class HostedManager(OffloadingManager):
 
     def snapshot(self) -> EngineSnapshot:
         """The latest published snapshot (immutable; safe from any thread).
-        ``step`` counts the host's calls so far; runtime counters are 0."""
+        ``step`` is what :meth:`_step` counts (the host's calls so far, unless
+        the host has steps of its own); runtime counters are 0."""
         if time.monotonic() - self._published >= self.snapshot_max_age and self._lock.acquire(
             blocking=False
         ):
@@ -362,6 +363,12 @@ class HostedManager(OffloadingManager):
             self._publish()
             self._done.append((fut, result))
 
+    def _step(self) -> int:
+        """The step a snapshot shows and a command is applied after: here
+        the host's calls so far; a host with steps of its own counts those
+        (vLLM's scheduler steps, :class:`~kvoffload.vllm.admin.VLLMHostedManager`)."""
+        return self._calls
+
     def _apply(self, command: Command) -> CommandResult:
         m = self.manager
         detail: dict[str, str] = {}
@@ -372,7 +379,7 @@ class HostedManager(OffloadingManager):
             detail = {"cpu_blocks_evicted": str(len(m.clear()))}
         return CommandResult(
             kind=command.kind,
-            applied_at_step=self._calls,
+            applied_at_step=self._step(),
             policy=m.policy_name,
             policy_version=self._version,
             detail=detail,
@@ -388,7 +395,7 @@ class HostedManager(OffloadingManager):
     def _take_snapshot(self) -> EngineSnapshot:
         return EngineSnapshot(
             state=self._state,
-            step=self._calls,
+            step=self._step(),
             policy_version=self._version,
             workload=self.description,
             manager=self.manager.stats(),

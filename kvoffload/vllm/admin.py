@@ -80,9 +80,11 @@ class VLLMHostedManager(HostedManager):
     :meth:`take_events` gives vLLM what the bare manager would have: the
     store and remove events since its last call when vLLM enabled KV events
     (``vllm_events``), else none. vLLM's scheduler calls it at the end of
-    every step, KV events or not, so it also calls ``on_step`` (the
-    tracing observer's missed-records check; an exception is logged and
-    dropped).
+    every step, KV events or not, so it also counts the steps (the ``step``
+    of snapshots and ``applied_at_step`` of commands are vLLM's scheduler
+    steps completed, as they are the runtime's engine steps) and calls
+    ``on_step`` (the tracing observer's missed-records check; an exception
+    is logged and dropped).
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class VLLMHostedManager(HostedManager):
             old = manager.event_log
             event_log_capacity = old.capacity if old is not None else DEFAULT_CAPACITY
         self._log = manager.event_log = _SharedEventLog(event_log_capacity)
+        self._steps = 0  # vLLM's scheduler steps completed: calls of take_events
         super().__init__(
             manager,
             description=f"vLLM engine core (pid {os.getpid()}), driven by its scheduler",
@@ -107,7 +110,11 @@ class VLLMHostedManager(HostedManager):
         self._on_step = on_step
         self._taken = 0  # seq of the last record vLLM's take_events got
 
+    def _step(self) -> int:
+        return self._steps
+
     def take_events(self) -> list[OffloadingEvent]:
+        self._steps += 1
         if self._on_step is not None:
             notify(self._on_step)
         if not self.vllm_events:

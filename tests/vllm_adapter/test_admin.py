@@ -85,6 +85,28 @@ def test_vllm_take_events_is_what_the_bare_manager_gives_while_readers_see_all(
         assert stored == [ev for batch in got for ev in batch]
 
 
+def test_steps_are_vllm_scheduler_steps_not_host_calls() -> None:
+    """vLLM's scheduler calls take_events once, at the end of each step: the
+    snapshot's step and a command's applied_at_step count those, as the
+    runtime's count its engine steps (the host's calls are many more)."""
+    hosted = VLLMHostedManager(new_manager(), vllm_events=False)
+    hosted.snapshot_max_age = 0.0
+    n = 0
+    for _ in steps(hosted):
+        hosted.take_events()
+        n += 1
+    assert hosted.snapshot().step == n == 12
+    assert hosted.switch_policy("arc").result(timeout=1).applied_at_step == n
+    # within step n + 1: a lookup that found blocks holds a reset back until
+    # the host's next call has returned
+    assert hosted.lookup([BlockHash(b"b0")]) == 1
+    reset = hosted.reset()
+    hosted.touch([BlockHash(b"b0")])
+    assert reset.result(timeout=1).applied_at_step == n
+    hosted.take_events()
+    assert hosted.snapshot().step == n + 1
+
+
 def test_served_manager_answers_over_http_and_refuses_drains() -> None:
     hosted = served()
     (server,) = live_admin_servers()

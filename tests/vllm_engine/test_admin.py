@@ -132,6 +132,8 @@ def test_engine_admin_api_shows_what_vllm_did_and_switches_policy_between_genera
     assert run.steps["a_again"].cached_tokens == PREFIX_TOKENS
     # the switch, visible in /v1/policy, /v1/cache and /metrics
     assert seen["switch"]["policy"] == "arc" and seen["switch"]["previous_policy"] == "lru"
+    # applied after the last of vLLM's scheduler steps so far (idle between generates)
+    assert seen["switch"]["applied_at_step"] == seen["after_switch"]["step"] > 0
     assert seen["policy"]["policy"] == "arc" and seen["policy"]["version"] == 2
     after = seen["after_switch"]
     assert (after["policy"], after["policy_version"]) == ("arc", 2)
